@@ -1,0 +1,63 @@
+"""Turn a model name (alias, GGUF file or Hugging Face directory) into a ready decoder and its
+tokenizer."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specserve.models import tokenizer as tok
+from specserve.models.config import ModelConfig
+from specserve.models.gguf_loader import load_gguf
+from specserve.models.hf_loader import load_hf_dir
+from specserve.models.registry import resolve_model
+from specserve.models.transformer import Transformer
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
+          "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: Transformer
+    tokenizer: tok.Tokenizer
+    config: ModelConfig
+    path: Path
+    load_seconds: float
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def load_model(name: str | Path, dtype: str | torch.dtype = "bfloat16") -> LoadedModel:
+    torch_dtype = parse_dtype(dtype)
+    path = resolve_model(str(name))
+    start = time.perf_counter()
+    if path.is_dir():
+        cfg, raw, weights = load_hf_dir(path, torch_dtype)
+        tokenizer = tok.from_hf_dir(path, _eos_ids(path, raw))
+    elif path.suffix == ".gguf" or path.is_file():
+        cfg, meta, weights = load_gguf(path, torch_dtype)
+        tokenizer = tok.from_gguf_metadata(meta)
+    else:
+        raise ValueError(f"{path}: neither a GGUF file nor a Hugging Face directory")
+    model = Transformer(cfg, weights)
+    return LoadedModel(model, tokenizer, cfg, path, time.perf_counter() - start)
+
+
+def _eos_ids(path: Path, raw: dict) -> list[int]:
+    ids = []
+    gen = path / "generation_config.json"
+    for source in [raw, json.loads(gen.read_text()) if gen.exists() else {}]:
+        value = source.get("eos_token_id")
+        ids += value if isinstance(value, list) else [value] if value is not None else []
+    return ids

@@ -1,0 +1,144 @@
+"""Tokenizer and chat template, built from a model's own files.
+
+GGUF files carry a byte-level BPE vocabulary (`tokenizer.ggml.tokens`, `.merges`,
+`.token_type`), the pre-tokenizer's name (`tokenizer.ggml.pre`) and a Jinja chat template;
+Hugging Face directories carry `tokenizer.json` and `tokenizer_config.json`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+# Split patterns of the pre-tokenizers llama.cpp names in `tokenizer.ggml.pre`.
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLITS = {"qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT, "llama3": _LLAMA3_SPLIT,
+           "llama-bpe": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT}
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    backend: HFTokenizer
+    eos_token_ids: frozenset[int]
+    bos_token_id: int | None
+    add_bos: bool
+    chat_template: str | None
+    special_tokens: dict[str, str]  # bos_token / eos_token / ... as text, for templates
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            **extra) -> str:
+        if not self.chat_template:
+            raise ValueError("this model has no chat template; use generate() with plain prompts")
+        template = _jinja_env().from_string(self.chat_template)
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                               **self.special_tokens, **extra)
+
+
+def _jinja_env() -> ImmutableSandboxedEnvironment:
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+def _byte_alphabet() -> set[str]:
+    return set(pre_tokenizers.ByteLevel.alphabet())
+
+
+def from_gguf_metadata(meta: dict) -> Tokenizer:
+    """Build the tokenizer from GGUF `tokenizer.*` metadata (already decoded to Python values)."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    backend = HFTokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False))
+    split = _SPLITS.get(meta.get("tokenizer.ggml.pre", ""))
+    if split is not None:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    alphabet = _byte_alphabet()
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True)
+                                for t, ty in zip(tokens, types)
+                                if ty == _CONTROL and set(t) <= alphabet])
+    backend.add_tokens([AddedToken(t, normalized=False, special=False)
+                        for t, ty in zip(tokens, types) if ty == _USER_DEFINED])
+
+    def token_id(key: str) -> int | None:
+        value = meta.get(f"tokenizer.ggml.{key}")
+        return int(value) if value is not None else None
+
+    specials = {name: tokens[i] for name, key in
+                [("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
+                 ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")]
+                if (i := token_id(key)) is not None}
+    eos = {i for i in [token_id("eos_token_id"), token_id("eot_token_id")] if i is not None}
+    return Tokenizer(backend, frozenset(eos), token_id("bos_token_id"),
+                     bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                     meta.get("tokenizer.chat_template"), specials)
+
+
+def from_hf_dir(path, eos_from_config: list[int]) -> Tokenizer:
+    """Build the tokenizer from `tokenizer.json` + `tokenizer_config.json` in `path`."""
+    backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
+    cfg_file = path / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+
+    def text_of(entry) -> str | None:
+        return entry.get("content") if isinstance(entry, dict) else entry
+
+    specials = {k: v for k in ("bos_token", "eos_token", "unk_token", "pad_token")
+                if (v := text_of(cfg.get(k))) is not None}
+    eos = set(eos_from_config)
+    if "eos_token" in specials and (i := backend.token_to_id(specials["eos_token"])) is not None:
+        eos.add(i)
+    bos = backend.token_to_id(specials["bos_token"]) if "bos_token" in specials else None
+    template = cfg.get("chat_template")
+    if template is None and (path / "chat_template.jinja").exists():
+        template = (path / "chat_template.jinja").read_text()
+    if backend.decoder is None:
+        backend.decoder = decoders.ByteLevel()
+    return Tokenizer(backend, frozenset(eos), bos, bool(cfg.get("add_bos_token", False)),
+                     template, specials)

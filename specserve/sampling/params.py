@@ -1,0 +1,162 @@
+"""Per-request sampling parameters, with the names and defaults of vLLM and the OpenAI API.
+
+`SamplingParams` is frozen: a request's parameters never change after it is admitted.
+Every value a user can get wrong is checked in `__post_init__`, which raises a
+`ValueError` whose message starts with the field's name (e.g. "top_p must be in (0, 1],
+got 0"), so the HTTP layer can turn it into a 400 as it is.
+
+A few inputs are normalised rather than rejected, as the OpenAI API allows them:
+`top_k=0` means "disabled" like `-1`; `stop` may be one string, a list or None;
+`stop_token_ids` may be a list or None; integral floats are *not* accepted where an int is
+required (`n=1.0` is an error), but ints are accepted for float fields.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+MAX_LOGPROBS = 20  # the OpenAI API's limit for `logprobs` / `top_logprobs`
+# Temperatures below this are greedy (as in vLLM): dividing float32 logits by them would
+# overflow, and the distribution is a one-hot in all but name anyway.
+GREEDY_TEMPERATURE = 1e-5
+PENALTY_RANGE = 2.0  # presence and frequency penalties live in [-2, 2]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to turn one request's logits into tokens, and when to stop.
+
+    `temperature=0` (or below `GREEDY_TEMPERATURE`, or `top_k=1`) is greedy decoding; see
+    `greedy`. `tv_budget` overrides
+    the engine's mentored-decoding budget D for this request (None: use the engine's).
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = -1  # -1 (or 0 on input): disabled
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    tv_budget: float | None = None
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        self._check_counts()
+        self._check_distribution()
+        self._check_penalties()
+        self._check_stops()
+        self._check_misc()
+
+    @property
+    def greedy(self) -> bool:
+        """True when the processed distribution is a one-hot at the argmax."""
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
+
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+
+    def _check_counts(self) -> None:
+        _require_int("n", self.n, minimum=1)
+        if self.max_tokens is not None:
+            _require_int("max_tokens", self.max_tokens, minimum=1)
+        if self.logprobs is not None:
+            _require_int("logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS)
+        if self.seed is not None:
+            _require_int("seed", self.seed)
+            self._set("seed", int(self.seed))
+
+    def _check_distribution(self) -> None:
+        temperature = _require_real("temperature", self.temperature)
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature!r}")
+        self._set("temperature", temperature)
+        _require_int("top_k", self.top_k)
+        if self.top_k == 0:
+            self._set("top_k", -1)
+        elif self.top_k != -1 and self.top_k < 1:
+            raise ValueError(f"top_k must be -1 (or 0) to disable, or >= 1, got {self.top_k!r}")
+        top_p = _require_real("top_p", self.top_p)
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        self._set("top_p", top_p)
+        min_p = _require_real("min_p", self.min_p)
+        if not 0 <= min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        self._set("min_p", min_p)
+
+    def _check_penalties(self) -> None:
+        repetition = _require_real("repetition_penalty", self.repetition_penalty)
+        if not (math.isfinite(repetition) and repetition > 0):
+            raise ValueError(
+                f"repetition_penalty must be > 0 and finite, got {self.repetition_penalty!r}"
+            )
+        self._set("repetition_penalty", repetition)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = _require_real(name, getattr(self, name))
+            if not -PENALTY_RANGE <= value <= PENALTY_RANGE:
+                raise ValueError(
+                    f"{name} must be in [-{PENALTY_RANGE:g}, {PENALTY_RANGE:g}], "
+                    f"got {getattr(self, name)!r}"
+                )
+            self._set(name, value)
+
+    def _check_stops(self) -> None:
+        stop = _as_tuple("stop", self.stop)
+        for entry in stop:
+            if not isinstance(entry, str) or not entry:
+                raise ValueError(f"stop entries must be non-empty strings, got {entry!r}")
+        self._set("stop", stop)
+        stop_token_ids = _as_tuple("stop_token_ids", self.stop_token_ids)
+        for token in stop_token_ids:
+            _require_int("stop_token_ids", token, minimum=0)
+        self._set("stop_token_ids", tuple(int(token) for token in stop_token_ids))
+
+    def _check_misc(self) -> None:
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.tv_budget is not None:
+            budget = _require_real("tv_budget", self.tv_budget)
+            if not 0 <= budget <= 1:
+                raise ValueError(f"tv_budget must be in [0, 1], got {self.tv_budget!r}")
+            self._set("tv_budget", budget)
+
+
+def _require_int(
+    name: str, value: object, minimum: int | None = None, maximum: int | None = None
+) -> None:
+    """Raise unless `value` is an int (bools rejected) within [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value!r}")
+
+
+def _require_real(name: str, value: object) -> float:
+    """Return `value` as a float; raise unless it is a real number (bools rejected)."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+def _as_tuple(name: str, value: object) -> tuple:
+    """None → (), one string → (string,), a list or tuple → tuple of its items."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} must be a list, got {value!r}")
+    return tuple(value)

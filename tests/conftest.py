@@ -1,0 +1,36 @@
+"""Shared fixtures: tiny random models and the real-model cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests import tiny
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def tiny_arch(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory, tiny_arch):
+    """(transformers model, directory) of a tiny random checkpoint of `tiny_arch`."""
+    model = tiny.build_hf_model(tiny_arch)
+    path = tiny.save_hf_dir(model, tmp_path_factory.mktemp(f"hf-{tiny_arch}"))
+    return model, path
+
+
+def real_model_path(alias: str) -> Path:
+    """The cached real model, or a failure telling how to fetch it (never a skip)."""
+    from specserve.models.registry import resolve_model
+
+    try:
+        return resolve_model(alias)
+    except FileNotFoundError as e:
+        pytest.fail(f"{e} — run `specserve download` (the README's setup command does)")

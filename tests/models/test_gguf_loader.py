@@ -1,0 +1,71 @@
+"""GGUF files written in the tests load to the same logits as the same weights from a Hugging
+Face directory, in both architectures (llama's Q/K permutation included) and several types."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from specserve.models.loader import load_model
+from specserve.models.transformer import ForwardBatch
+from tests import tiny
+
+CASES = [
+    ("llama", {"default": T.F32}),
+    ("qwen2", {"default": T.F16}),
+    ("llama", {"default": T.BF16, "embed": T.Q8_0}),
+    ("qwen2", {"default": T.Q8_0, "ffn": T.Q4_0}),
+    ("llama", {"default": T.Q4_1, "ffn": T.Q5_0, "embed": T.Q5_1}),
+    ("qwen2", {"default": T.Q4_K, "ffn": T.Q6_K, "embed": T.Q5_K}),
+    ("llama", {"default": T.Q4_K, "attn": T.Q6_K, "embed": T.Q8_0}),
+]
+
+
+@pytest.mark.parametrize("arch,types", CASES, ids=lambda c: str(c) if isinstance(c, str) else
+                         "-".join(f"{k}:{v.name}" for k, v in c.items()))
+def test_gguf_loads_to_same_logits_as_hf_directory(tmp_path, arch, types):
+    hf_model = tiny.build_hf_model(arch, hidden_size=256, intermediate_size=512)
+    gguf_path, hf_dir = tiny.write_gguf_pair(hf_model, arch, types, tmp_path / "m.gguf", tmp_path / "hf")
+    ids = [5, 17, 33, 8, 90, 41, 3, 60]
+    from_gguf, from_hf = load_model(gguf_path, "float32"), load_model(hf_dir, "float32")
+    eps = from_hf.config.rms_norm_eps  # GGUF stores it as float32
+    assert dataclasses.replace(from_gguf.config, rms_norm_eps=eps) == from_hf.config
+    assert from_gguf.config.rms_norm_eps == pytest.approx(eps, rel=1e-6)
+    logits = []
+    for m in (from_gguf, from_hf):
+        cache = m.model.new_cache(1, 32)
+        logits.append(m.model.forward(ForwardBatch.from_lists([ids], [0], [0]), cache)[0])
+    assert (logits[0] - logits[1]).abs().max() <= 1e-4
+    with torch.no_grad():
+        ref = hf_model(torch.tensor([ids])).logits[0]
+    assert (logits[0] - ref).abs().max() <= 1e-4
+
+
+def test_gguf_tokenizer_and_template_come_from_the_file(tmp_path):
+    hf_model = tiny.build_hf_model("qwen2", hidden_size=256, intermediate_size=512)
+    gguf_path, hf_dir = tiny.write_gguf_pair(hf_model, "qwen2", {"default": T.F32}, tmp_path / "m.gguf", tmp_path / "hf")
+    m = load_model(gguf_path, "float32")
+    assert m.tokenizer.decode(m.tokenizer.encode("the cat")) == "the cat"
+    assert m.tokenizer.eos_token_ids == frozenset({2})
+    text = m.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_unsupported_architecture_is_refused_by_name(tmp_path):
+    import gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "mamba")
+    w.add_block_count(1)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    with pytest.raises(ValueError, match="mamba"):
+        load_model(tmp_path / "x.gguf", "float32")
+
+
+def test_corrupt_file_is_refused_clearly(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 20)
+    with pytest.raises(ValueError, match="bad.gguf"):
+        load_model(bad, "float32")
