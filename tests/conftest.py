@@ -10,7 +10,9 @@ import torch
 
 from tests import tiny
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Tiny models: one thread avoids OpenMP oversubscription on a busy 2-core machine; the
+# real-model tests raise it with the `two_threads` fixture.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session", params=["llama", "qwen2"])
@@ -34,3 +36,11 @@ def real_model_path(alias: str) -> Path:
         return resolve_model(alias)
     except FileNotFoundError as e:
         pytest.fail(f"{e} — run `specserve download` (the README's setup command does)")
+
+
+@pytest.fixture
+def two_threads():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    yield
+    torch.set_num_threads(previous)

@@ -14,7 +14,7 @@ def hf_config(arch: str, vocab: int = VOCAB, tie: bool = False, layers: int = 2,
     import transformers
 
     common = dict(vocab_size=vocab, hidden_size=hidden_size, intermediate_size=intermediate_size, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                   rms_norm_eps=1e-6, tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2,
                   pad_token_id=0)
     if arch == "llama":

@@ -33,127 +33,151 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderTensor
 
 Q = GGMLQuantizationType
-BlockDecoder = Callable[[torch.Tensor], torch.Tensor]
+# Decodes blocks [n, type_size] (contiguous uint8) into out [n, block_size] float32.
+BlockDecoder = Callable[[torch.Tensor, torch.Tensor], None]
 
 SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(
     {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 )
 
-# Blocks decoded per step: bounds the temporaries to a few MiB whatever the tensor size.
+# Weights decoded per step: keeps temporaries cache-sized whatever the tensor size.
 _CHUNK_WEIGHTS = 1 << 18
 
 
-def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
-    """The float16 field at byte `offset` of each block, as float32."""
-    return blocks[:, offset : offset + 2].contiguous().view(torch.float16).float()  # [n, 1]
+def _half(words: torch.Tensor, index: int) -> torch.Tensor:
+    """The float16 field at int16 word `index` of each block, as float32."""
+    return words[:, index : index + 1].view(torch.float16).float()  # [n, 1]
 
 
-def _nibbles(qs: torch.Tensor) -> torch.Tensor:
-    """Low nibbles then high nibbles of each row of bytes: [n, b] -> [n, 2, b]."""
-    return torch.stack((qs & 0x0F, qs >> 4), dim=1)  # [n, 2, b]
+def _nibbles(words: torch.Tensor) -> torch.Tensor:
+    """Low nibbles, then high nibbles, of the 2w bytes in words [..., w] (int16).
 
-
-def _bits(qh: torch.Tensor, count: int) -> torch.Tensor:
-    """Bit j of each row of bytes (little-endian bit order): [n, b] -> [n, count, b]."""
-    shifts = torch.arange(count, dtype=torch.uint8).view(1, count, 1)
-    return (qh.unsqueeze(1) >> shifts) & 1  # [n, count, b]
-
-
-def _decode_f32(blocks: torch.Tensor) -> torch.Tensor:
-    return blocks.contiguous().view(torch.float32)  # [n, 1]
-
-
-def _decode_f16(blocks: torch.Tensor) -> torch.Tensor:
-    return blocks.contiguous().view(torch.float16).float()  # [n, 1]
-
-
-def _decode_bf16(blocks: torch.Tensor) -> torch.Tensor:
-    return blocks.contiguous().view(torch.bfloat16).float()  # [n, 1]
-
-
-def _decode_q8_0(blocks: torch.Tensor) -> torch.Tensor:
-    q = blocks[:, 2:].view(torch.int8).float()  # [n, 32]
-    return q * _f16(blocks, 0)
-
-
-def _decode_q4_0(blocks: torch.Tensor) -> torch.Tensor:
-    n = blocks.shape[0]
-    q = _nibbles(blocks[:, 2:]).view(n, 32).to(torch.int8) - 8  # [n, 32]
-    return _f16(blocks, 0) * q.float()
-
-
-def _decode_q4_1(blocks: torch.Tensor) -> torch.Tensor:
-    n = blocks.shape[0]
-    q = _nibbles(blocks[:, 4:]).view(n, 32).float()  # [n, 32]
-    return _f16(blocks, 0) * q + _f16(blocks, 2)
-
-
-def _five_bit(qh: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
-    """5-bit values of the 32-weight formats from qh [n, 4] and qs [n, 16]."""
-    n = qs.shape[0]
-    high = _bits(qh, 8).transpose(1, 2).reshape(n, 32)  # [n, 32]; bit j of byte k -> 8k + j
-    return _nibbles(qs).view(n, 32) | (high << 4)  # [n, 32]
-
-
-def _decode_q5_0(blocks: torch.Tensor) -> torch.Tensor:
-    q = _five_bit(blocks[:, 2:6], blocks[:, 6:]).to(torch.int8) - 16  # [n, 32]
-    return _f16(blocks, 0) * q.float()
-
-
-def _decode_q5_1(blocks: torch.Tensor) -> torch.Tensor:
-    q = _five_bit(blocks[:, 4:8], blocks[:, 8:]).float()  # [n, 32]
-    return _f16(blocks, 0) * q + _f16(blocks, 2)
-
-
-def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 8 six-bit scales and 8 six-bit mins of Q4_K/Q5_K from 12 packed bytes.
-
-    Bytes 0-3 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7; bytes 4-7
-    hold mins 0-3 and the top bits of mins 4-7; bytes 8-11 hold the low 4 bits of
-    scales 4-7 (low nibble) and mins 4-7 (high nibble).
+    Works on two bytes per element; the masks keep each byte's nibbles apart.
     """
-    s = scales.reshape(-1, 3, 4)  # [n, 3, 4]
-    lo_sc, lo_m, packed = s[:, 0], s[:, 1], s[:, 2]  # [n, 4] each
-    sc = torch.cat((lo_sc & 0x3F, (packed & 0x0F) | ((lo_sc >> 2) & 0x30)), dim=1)  # [n, 8]
-    mn = torch.cat((lo_m & 0x3F, (packed >> 4) | ((lo_m >> 2) & 0x30)), dim=1)  # [n, 8]
-    return sc, mn
+    q = torch.empty(*words.shape[:-1], 2, words.shape[-1], dtype=torch.int16)  # [..., 2, w]
+    torch.bitwise_and(words, 0x0F0F, out=q[..., 0, :])
+    torch.bitwise_and(words >> 4, 0x0F0F, out=q[..., 1, :])
+    return q.view(torch.uint8)  # [..., 2, 2w]
 
 
-def _k_affine(blocks: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Apply Q4_K/Q5_K sub-block scales and mins to q [n, 8, 32]."""
-    n = blocks.shape[0]
-    sc, mn = _k_scales(blocks[:, 4:16])
-    scale = (_f16(blocks, 0) * sc.float()).view(n, 8, 1)  # [n, 8, 1]
-    offset = (_f16(blocks, 2) * mn.float()).view(n, 8, 1)  # [n, 8, 1]
-    return (scale * q.float() - offset).view(n, 256)
+def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
+    """16 where bit j of byte qh[..., k] is set, else 0: uint8 [n, b] -> [n, b, 8]."""
+    bits = (torch.arange(256, dtype=torch.int16).view(256, 1) >> torch.arange(8, dtype=torch.int16)) & 1
+    table = (bits << 4).to(torch.uint8)  # [256, 8]
+    return table[qh.long()]  # [n, b, 8]
 
 
-def _decode_q4_k(blocks: torch.Tensor) -> torch.Tensor:
-    n = blocks.shape[0]
-    # Each 32-byte group of qs gives two sub-blocks: low nibbles, then high nibbles.
-    q = _nibbles(blocks[:, 16:].reshape(n * 4, 32)).view(n, 8, 32)  # [n, 8, 32]
-    return _k_affine(blocks, q)
+def _decode_f32(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(blocks.view(torch.float32))
 
 
-def _decode_q5_k(blocks: torch.Tensor) -> torch.Tensor:
-    n = blocks.shape[0]
-    low = _nibbles(blocks[:, 48:].reshape(n * 4, 32)).view(n, 8, 32)  # [n, 8, 32]
-    high = _bits(blocks[:, 16:48], 8)  # [n, 8, 32]; bit i of qh[l] -> sub-block i
-    return _k_affine(blocks, low | (high << 4))
+def _decode_f16(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(blocks.view(torch.float16))
 
 
-def _decode_q6_k(blocks: torch.Tensor) -> torch.Tensor:
-    n = blocks.shape[0]
-    # Per 128-weight half: ql bytes [0:32], [32:64] low nibbles, then their high nibbles;
-    # qh 2-bit fields (shift 0, 2, 4, 6) in the same order.
-    ql = blocks[:, :128].reshape(n, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1)
-    ql = (ql & 0x0F).view(n, 8, 32)  # [n, 8, 32]
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
-    qh = ((blocks[:, 128:192].reshape(n, 2, 1, 32) >> shifts) & 0x03).view(n, 8, 32)  # [n, 8, 32]
-    q = ((ql | (qh << 4)).view(torch.int8) - 32).view(n, 16, 16)  # [n, 16, 16]
+def _decode_bf16(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(blocks.view(torch.bfloat16))
+
+
+def _decode_q8_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    d = _half(blocks.view(torch.int16), 0)  # [n, 1]
+    torch.mul(blocks[:, 2:].view(torch.int8), d, out=out)
+
+
+def _decode_q4_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    words = blocks.view(torch.int16)  # [n, 9]
+    q = _nibbles(words[:, 1:]).view(-1, 32)  # [n, 32]
+    torch.sub(q, 8.0, out=out)
+    out.mul_(_half(words, 0))
+
+
+def _decode_q4_1(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    words = blocks.view(torch.int16)  # [n, 10]
+    q = _nibbles(words[:, 2:]).view(-1, 32)  # [n, 32]
+    torch.mul(q, _half(words, 0), out=out)
+    out.add_(_half(words, 1))
+
+
+def _five_bit(blocks: torch.Tensor, qh_byte: int) -> torch.Tensor:
+    """5-bit values [n, 32] of Q5_0/Q5_1: qh is 4 bytes at `qh_byte`, qs the 16 after."""
+    low = _nibbles(blocks.view(torch.int16)[:, qh_byte // 2 + 2 :]).view(-1, 32)  # [n, 32]
+    high = _fifth_bits(blocks[:, qh_byte : qh_byte + 4]).view(-1, 32)  # [n, 32]; byte k bit j -> 8k + j
+    return low | high
+
+
+def _decode_q5_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    torch.sub(_five_bit(blocks, 2), 16.0, out=out)
+    out.mul_(_half(blocks.view(torch.int16), 0))
+
+
+def _decode_q5_1(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    words = blocks.view(torch.int16)  # [n, 12]
+    torch.mul(_five_bit(blocks, 4), _half(words, 0), out=out)
+    out.add_(_half(words, 1))
+
+
+def _k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8 six-bit scales and 8 six-bit mins [n, 8] of Q4_K/Q5_K (bytes 4..16).
+
+    Bytes 4-7 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7; bytes 8-11
+    hold mins 0-3 and the top bits of mins 4-7; bytes 12-15 hold the low 4 bits of
+    scales 4-7 (low nibbles) and mins 4-7 (high nibbles). Each int32 word below carries
+    four of these bytes side by side; the masks keep them apart.
+    """
+    lo_sc, lo_m, mixed = blocks.view(torch.int32)[:, 1:4].unbind(1)  # [n] each
+    top = 0x30303030
+    sc = torch.stack((lo_sc & 0x3F3F3F3F, (mixed & 0x0F0F0F0F) | ((lo_sc >> 2) & top)), dim=1)  # [n, 2]
+    mn = torch.stack((lo_m & 0x3F3F3F3F, ((mixed >> 4) & 0x0F0F0F0F) | ((lo_m >> 2) & top)), dim=1)
+    return sc.view(torch.uint8).float(), mn.view(torch.uint8).float()  # [n, 8] each
+
+
+def _k_affine(blocks: torch.Tensor, q: torch.Tensor, out: torch.Tensor) -> None:
+    """out = (d * sc) * q - dmin * m for Q4_K/Q5_K, with q [n, 8, 32] the 4/5-bit values."""
+    words = blocks.view(torch.int16)
+    sc, mn = _k_scales(blocks)
+    scale = (_half(words, 0) * sc).unsqueeze(-1)  # [n, 8, 1]
+    offset = (_half(words, 1) * mn).unsqueeze(-1)  # [n, 8, 1]
+    sub_blocks = out.view(-1, 8, 32)  # [n, 8, 32]
+    torch.mul(q, scale, out=sub_blocks)
+    sub_blocks.sub_(offset)
+
+
+def _k_low_nibbles(words: torch.Tensor) -> torch.Tensor:
+    """Q4_K/Q5_K qs (64 words) to [n, 8, 32]: each 32-byte group gives two sub-blocks."""
+    return _nibbles(words.reshape(-1, 4, 16)).view(-1, 8, 32)  # [n, 8, 32]
+
+
+def _decode_q4_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    q = _k_low_nibbles(blocks.view(torch.int16)[:, 8:72])  # [n, 8, 32]
+    _k_affine(blocks, q, out)
+
+
+def _decode_q5_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    low = _k_low_nibbles(blocks.view(torch.int16)[:, 24:88])  # [n, 8, 32]
+    high = _fifth_bits(blocks[:, 16:48]).transpose(1, 2)  # [n, 8, 32]; bit i of qh[l] -> sub-block i
+    _k_affine(blocks, low | high, out)
+
+
+def _q6_k_high(qh: torch.Tensor) -> torch.Tensor:
+    """Bits 4-5 of the Q6_K values from qh words [n, 2, 16]: shifts 0, 2, 4, 6 in order."""
+    high = torch.empty(*qh.shape[:2], 4, qh.shape[2], dtype=torch.int16)  # [n, 2, 4, 16]
+    torch.bitwise_and(qh << 4, 0x3030, out=high[:, :, 0])
+    torch.bitwise_and(qh << 2, 0x3030, out=high[:, :, 1])
+    torch.bitwise_and(qh, 0x3030, out=high[:, :, 2])
+    torch.bitwise_and(qh >> 2, 0x3030, out=high[:, :, 3])
+    return high.view(torch.uint8).view(-1, 8, 32)  # [n, 8, 32]
+
+
+def _decode_q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    words = blocks.view(torch.int16)  # [n, 105]
+    # Per 128-weight half: low nibbles of ql bytes 0..63, then their high nibbles.
+    low = _nibbles(words[:, :64].reshape(-1, 2, 32)).view(-1, 8, 32)  # [n, 8, 32]
+    high = _q6_k_high(words[:, 64:96].reshape(-1, 2, 16))  # [n, 8, 32]
     scales = blocks[:, 192:208].view(torch.int8).float()  # [n, 16]
-    scale = (_f16(blocks, 208) * scales).view(n, 16, 1)  # [n, 16, 1]
-    return (scale * q.float()).view(n, 256)
+    scale = (_half(words, 104) * scales).unsqueeze(-1)  # [n, 16, 1]
+    sub_blocks = out.view(-1, 16, 16)  # [n, 16, 16]
+    torch.sub((low | high).view(-1, 16, 16), 32.0, out=sub_blocks)
+    sub_blocks.mul_(scale)
 
 
 _DECODERS: dict[GGMLQuantizationType, BlockDecoder] = {
@@ -228,7 +252,7 @@ def dequantize(
     step = max(1, _CHUNK_WEIGHTS // block_size)
     for start in range(0, n_blocks, step):
         chunk = torch.from_numpy(np.array(blocks[start : start + step]))  # [step, type_size]
-        out[start : start + step] = decode(chunk)
+        decode(chunk, out[start : start + step])
     return out.view(shape)
 
 

@@ -7,8 +7,9 @@ got 0"), so the HTTP layer can turn it into a 400 as it is.
 
 A few inputs are normalised rather than rejected, as the OpenAI API allows them:
 `top_k=0` means "disabled" like `-1`; `stop` may be one string, a list or None;
-`stop_token_ids` may be a list or None; integral floats are *not* accepted where an int is
-required (`n=1.0` is an error), but ints are accepted for float fields.
+`stop_token_ids` may be a list or None; ints are accepted (and stored as floats) for float
+fields. Integral floats are *not* accepted where an int is required (`n=1.0` is an error),
+and bools are rejected everywhere but the two bool fields.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ class SamplingParams:
     """How to turn one request's logits into tokens, and when to stop.
 
     `temperature=0` (or below `GREEDY_TEMPERATURE`, or `top_k=1`) is greedy decoding; see
-    `greedy`. `tv_budget` overrides
-    the engine's mentored-decoding budget D for this request (None: use the engine's).
+    `greedy`. `tv_budget` overrides the engine's mentored-decoding budget D for this
+    request (None: use the engine's).
     """
 
     n: int = 1

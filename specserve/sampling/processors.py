@@ -20,9 +20,9 @@ distributions are what verification compares). The pipeline, in vLLM's order:
    intersected with the top-p set.
 
 Rows of `logits` are consecutive positions of one sequence, as in a verify pass: row i
-scores the token that follows `history + draft_tokens[:i]`. Token counts are one bincount
-of the history plus, for the draft tokens, a sparse cumulative one-hot (at most n²/2
-entries) — no per-row bincount.
+scores the token that follows `history + draft_tokens[:i]`. Penalties touch only the
+columns of tokens in the context; their counts are one bincount of the history plus, for
+the draft tokens, a sparse cumulative one-hot (at most n²/2 entries).
 
 Reference: Keskar et al. 2019 (CTRL) for the repetition penalty; Holtzman et al. 2019 for
 top-p; Nguyen et al. 2024 (arXiv 2407.01082) for min-p.
@@ -76,18 +76,18 @@ def processed_probs(
         return _one_hot_argmax(scores)
     if params.temperature != 1.0:
         scores = scores / params.temperature  # [n, vocab]
+    top_k_ids = None
     if 1 <= params.top_k < scores.shape[-1]:
-        scores = _top_k(scores, params.top_k)
+        scores, top_k_ids = _top_k(scores, params.top_k)
     probs = torch.softmax(scores, dim=-1)  # [n, vocab]
     if params.top_p >= 1.0 and params.min_p <= 0.0:
         return probs
-    keep = torch.ones_like(probs, dtype=torch.bool)  # [n, vocab]
+    threshold = params.min_p * probs.amax(dim=-1, keepdim=True)  # [n, 1]
     if params.top_p < 1.0:
-        keep &= _top_p_keep(probs, params.top_p)
-    if params.min_p > 0.0:
-        keep &= probs >= params.min_p * probs.amax(dim=-1, keepdim=True)
-    kept = probs * keep  # [n, vocab]
-    return kept / kept.sum(dim=-1, keepdim=True)
+        known = None if top_k_ids is None else probs.gather(-1, top_k_ids)  # [n, top_k]
+        threshold = torch.maximum(threshold, _top_p_threshold(probs, params.top_p, known))
+    kept = torch.where(probs >= threshold, probs, 0.0)  # [n, vocab]
+    return kept.div_(kept.sum(dim=-1, keepdim=True))
 
 
 def _apply_penalties(
@@ -97,24 +97,35 @@ def _apply_penalties(
     prompt_len: int,
     draft_tokens: Tensor | None,
 ) -> Tensor:
-    """Apply the repetition, frequency and presence penalties to each row's context."""
+    """Apply the repetition, frequency and presence penalties to each row's context.
+
+    Only the columns of tokens that occur in some row's context can change, so the work is
+    done on those columns alone (`ids`, at most len(history) + n - 1 of them) and written
+    back into a copy of `scores`.
+    """
     num_rows, vocab = scores.shape
     device = scores.device
     seen = torch.as_tensor(history, dtype=torch.long, device=device)  # [len(history)]
     assert 0 <= prompt_len <= seen.numel(), "prompt_len must lie within the history"
     drafted = _draft_prefix(draft_tokens, num_rows, device)  # [n - 1]
-    output_counts = _row_counts(seen[prompt_len:], drafted, num_rows, vocab)  # [n, vocab]
+    context = torch.cat([seen, drafted])  # [len(history) + n - 1]
+    if context.numel() == 0:
+        return scores
+    assert 0 <= int(context.min()) and int(context.max()) < vocab, "token id outside vocab"
+    ids, column = torch.unique(context, return_inverse=True)  # [u], [len(history) + n - 1]
+    output_counts = _row_counts(
+        column[prompt_len : seen.numel()], column[seen.numel() :], num_rows, ids.numel()
+    )  # [n, u]
+    sub = scores[:, ids]  # [n, u]
     if params.repetition_penalty != 1.0:
-        in_prompt = torch.bincount(seen[:prompt_len], minlength=vocab) > 0  # [vocab]
-        present = in_prompt | (output_counts > 0)  # [n, vocab]
+        in_prompt = torch.bincount(column[:prompt_len], minlength=ids.numel()) > 0  # [u]
+        present = in_prompt | (output_counts > 0)  # [n, u]
         penalty = params.repetition_penalty
-        penalized = torch.where(scores > 0, scores / penalty, scores * penalty)  # [n, vocab]
-        scores = torch.where(present, penalized, scores)
-    if params.frequency_penalty != 0.0:
-        scores = scores - params.frequency_penalty * output_counts.float()
-    if params.presence_penalty != 0.0:
-        scores = scores - params.presence_penalty * (output_counts > 0).float()
-    return scores
+        penalized = torch.where(sub > 0, sub / penalty, sub * penalty)  # [n, u]
+        sub = torch.where(present, penalized, sub)
+    sub = sub - params.frequency_penalty * output_counts  # [n, u]
+    sub = sub - params.presence_penalty * (output_counts > 0).float()
+    return scores.index_copy(1, ids, sub)
 
 
 def _draft_prefix(draft_tokens: Tensor | None, num_rows: int, device: torch.device) -> Tensor:
@@ -128,18 +139,18 @@ def _draft_prefix(draft_tokens: Tensor | None, num_rows: int, device: torch.devi
     return drafted[: num_rows - 1]
 
 
-def _row_counts(tokens: Tensor, drafted: Tensor, num_rows: int, vocab: int) -> Tensor:
-    """Counts of each token id in row i's context, `tokens + drafted[:i]`: `[n, vocab]`.
+def _row_counts(tokens: Tensor, drafted: Tensor, num_rows: int, width: int) -> Tensor:
+    """Float counts `[n, width]` of each id in row i's context, `tokens + drafted[:i]`.
 
-    One bincount of `tokens`, then draft token j is added to every row i > j.
-    E.g. drafted = [7, 3], n = 3: row 0 adds nothing, row 1 adds {7}, row 2 adds {7, 3}.
+    One bincount of `tokens`, then a cumulative one-hot of the draft: draft token j is
+    added to every row i > j. E.g. drafted = [7, 3], n = 3: row 0 adds nothing, row 1 adds
+    {7}, row 2 adds {7, 3}.
     """
-    base = torch.bincount(tokens, minlength=vocab)  # [vocab]
-    assert base.numel() == vocab, "a token id in the history is outside the vocabulary"
-    counts = base.unsqueeze(0).repeat(num_rows, 1)  # [n, vocab]
+    counts = torch.bincount(tokens, minlength=width).float()  # [width]
+    counts = counts.unsqueeze(0).repeat(num_rows, 1)  # [n, width]
     if num_rows > 1:
         rows, earlier = torch.tril_indices(num_rows, num_rows, offset=-1, device=tokens.device)
-        ones = torch.ones_like(rows)  # [n * (n - 1) / 2]
+        ones = torch.ones(rows.numel(), device=tokens.device)  # [n * (n - 1) / 2]
         counts.index_put_((rows, drafted[earlier]), ones, accumulate=True)
     return counts
 
@@ -150,27 +161,30 @@ def _one_hot_argmax(scores: Tensor) -> Tensor:
     return torch.zeros_like(scores, dtype=torch.float32).scatter_(-1, best, 1.0)
 
 
-def _top_k(scores: Tensor, k: int) -> Tensor:
-    """Mask every logit below the k-th largest of its row to -inf (ties with it stay)."""
-    kth = scores.topk(k, dim=-1).values[:, -1:]  # [n, 1]
-    return scores.masked_fill(scores < kth, -math.inf)
+def _top_k(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Mask every logit below the k-th largest of its row to -inf (ties with it stay).
+
+    Also returns the ids of the k largest, most likely first, which top-p reuses.
+    """
+    top = scores.topk(k, dim=-1)  # values and indices: [n, k], descending
+    kth = top.values[:, -1:]  # [n, 1]
+    return torch.where(scores >= kth, scores, -math.inf), top.indices
 
 
-def _top_p_keep(probs: Tensor, top_p: float) -> Tensor:
-    """Boolean mask `[n, vocab]` of the smallest most-likely set with mass >= top_p.
+def _top_p_threshold(probs: Tensor, top_p: float, known: Tensor | None) -> Tensor:
+    """Per-row probability `[n, 1]` at or above which tokens form the top-p set.
 
-    Searches the `TOP_P_CANDIDATES` most likely tokens first and widens only when their
-    mass falls short of top_p, so a peaked distribution never pays for a full sort.
+    The set is the smallest run of most likely tokens whose mass is >= top_p; returning
+    its last probability keeps ties with it too. `known` may hold each row's most likely
+    probabilities, descending (from top-k). The search looks at `TOP_P_CANDIDATES` tokens
+    first and widens only when their mass falls short of top_p, so a peaked distribution
+    never pays for a full sort.
     """
     vocab = probs.shape[-1]
-    width = min(vocab, TOP_P_CANDIDATES)
-    while True:
-        top = probs.topk(width, dim=-1).values  # [n, width], descending
-        if width == vocab or bool((top.sum(dim=-1) >= top_p).all()):
-            break
-        width = min(vocab, width * TOP_P_WIDEN)
+    top = known if known is not None else probs.topk(min(vocab, TOP_P_CANDIDATES)).values
+    while top.shape[-1] < vocab and not bool((top.sum(dim=-1) >= top_p).all()):
+        top = probs.topk(min(vocab, top.shape[-1] * TOP_P_WIDEN), dim=-1).values  # [n, width]
     mass_before = torch.zeros_like(top)  # [n, width]: mass of the more likely tokens
     mass_before[:, 1:] = top[:, :-1].cumsum(dim=-1)
     num_kept = (mass_before < top_p).sum(dim=-1, keepdim=True)  # [n, 1], >= 1
-    threshold = top.gather(-1, num_kept - 1)  # [n, 1]
-    return probs >= threshold
+    return top.gather(-1, num_kept - 1)

@@ -2,16 +2,16 @@
 
 Vocabulary (SPEC §3). The draft proposes k tokens x_0..x_{k-1}; the target scores k + 1
 positions in one pass, giving `target_probs` p_0..p_k. `draft_probs` q_0..q_{k-1} are the
-distributions the draft tokens were sampled from (None for deterministic drafters such as
-prompt lookup or greedy drafts: q_i is then one-hot at x_i, so one algorithm serves all).
-Each emitted token is
+distributions the draft tokens were sampled from; deterministic drafters (prompt lookup,
+greedy drafts) pass None and q_i is one-hot at x_i, so one algorithm serves all. Each emitted
+token is
 - **accepted**: a draft token kept;
 - **recovered**: sampled after the first rejection, from normalize(max(p_i - q_i, 0));
 - **bonus**: sampled from p_k when all k draft tokens were accepted.
 
 Lossless rule (Leviathan et al., arXiv:2211.17192; Chen et al., arXiv:2302.01318): accept x_i
-with probability min(1, p_i(x_i) / q_i(x_i)). The emitted token at every position is then
-distributed exactly as p_i.
+with probability min(1, p_i(x_i) / q_i(x_i)); every emitted token is then distributed exactly
+as p_i.
 
 Mentored decoding with a total-variation budget D in [0, 1]: with d = TV(p, q) = 1/2 sum|p - q|,
 theta = 1 if d <= D else D / d, and pi = (1 - theta) p + theta q, accept with
@@ -21,7 +21,8 @@ theta d <= D, and the acceptance probability is 1 - max(0, d - D), the most any 
 within TV D of p can reach. D = 0 is the lossless rule; the bonus token always comes from p.
 
 The sampler is a pure function: all randomness arrives as uniforms in [0, 1), so tests are
-exact and seeded. Everything is computed in float64.
+exact and seeded. Arithmetic is float64 (torch float64 on vocabulary rows, Python floats on
+the per-draft scalars).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 from torch import Tensor
 
 KINDS = ("recovered", "bonus", "none")
+CHUNK_ELEMENTS = 1 << 18  # mentored rounds measure TV over about this many row entries at a time
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +49,7 @@ class VerifyResult:
     tokens: list[int]  # [num_accepted + (kind != "none")]
     num_accepted: int
     kind: str
-    tv_distances: list[float]  # [num_accepted + (kind == "recovered")] TV(pi_i, p_i) per verified draft
+    tv_distances: list[float]  # [num_accepted + (kind == "recovered")] TV(pi_i, p_i) per draft
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -60,32 +62,34 @@ class VerifyResult:
                              f"({self.num_accepted}) + {int(extra)} for kind {self.kind!r}")
         verified = self.num_accepted + (self.kind == "recovered")
         if len(self.tv_distances) != verified:
-            raise ValueError(f"tv_distances has {len(self.tv_distances)} entries; expected {verified}")
+            raise ValueError(f"tv_distances has {len(self.tv_distances)} entries; "
+                             f"expected {verified}")
 
 
-# ---------------------------------------------------------------- distribution helpers
+# ---------------------------------------------------------------- distribution helpers ([vocab])
 
 def tv_distance(p: Tensor, q: Tensor) -> float:
     """Total-variation distance 1/2 sum|p - q| between two distributions over one vocabulary."""
-    return float(_tv_rows(_f64(p), _f64(q)))
+    return float(_tv_rows(_f64(p), q))
 
 
 def mentored_distribution(p: Tensor, q: Tensor, tv_budget: float) -> Tensor:
-    """pi = (1 - theta) p + theta q, the distribution a mentored step emits (float64, [vocab])."""
+    """pi = (1 - theta) p + theta q, the distribution one mentored step emits (float64 [vocab])."""
     _check_tv_budget(tv_budget)
-    p, q = _f64(p), _f64(q)
-    theta = _mentor_weight(_tv_rows(p, q), tv_budget)
-    return _mix(p, q, theta)
+    theta = _mentor_weight(tv_distance(p, q), tv_budget)
+    return _mix(_f64(p), _f64(q), theta)
 
 
 def per_token_acceptance(p: Tensor, q: Tensor, tv_budget: float = 0.0) -> Tensor:
-    """a(x) = min(1, pi(x) / q(x)) for every token x (float64, [vocab]).
+    """a(x) = min(1, pi(x) / q(x)) for every token x (float64 [vocab]).
 
-    A token the draft gave zero probability cannot have been sampled from q; should it be
+    A token the draft gave zero probability cannot have been sampled from q; should one be
     proposed anyway it is accepted if pi gives it mass and rejected otherwise.
     """
-    p, q = _f64(p), _f64(q)
-    return _accept_prob(mentored_distribution(p, q, tv_budget), q)
+    pi = mentored_distribution(p, q, tv_budget)  # [vocab]
+    q = _f64(q)  # [vocab]
+    ratio = torch.where(q > 0, pi / q, (pi > 0).to(pi.dtype))  # [vocab]
+    return ratio.clamp_(max=1.0)
 
 
 def acceptance_probability(p: Tensor, q: Tensor, tv_budget: float = 0.0) -> float:
@@ -95,34 +99,28 @@ def acceptance_probability(p: Tensor, q: Tensor, tv_budget: float = 0.0) -> floa
 
 
 def residual_distribution(p: Tensor, q: Tensor) -> Tensor:
-    """normalize(max(p - q, 0)) along the last axis; p normalized where that mass is 0 (p == q)."""
-    p, q = _f64(p), _f64(q)
-    residual = (p - q).clamp_min_(0.0)  # [..., vocab]
+    """normalize(max(p - q, 0)), or p normalized where that has no mass (p == q); float64."""
+    p = _f64(p)  # [..., vocab]
+    residual = _residual_mass(p, q)  # [..., vocab]
     mass = residual.sum(-1, keepdim=True)  # [..., 1]
-    fallback = p / p.sum(-1, keepdim=True)  # [..., vocab]
-    return torch.where(mass > 0, residual / mass.clamp_min(1e-300), fallback)
+    return torch.where(mass > 0, residual / mass.clamp_min(1e-300), p / p.sum(-1, keepdim=True))
 
 
 def sample_from(probs: Tensor, uniform: float | Tensor) -> int:
     """Inverse-CDF sample: the smallest index whose float64 cumulative mass exceeds uniform * total.
 
-    The comparison is strict, so an index with zero probability is never chosen: its cumulative
-    mass equals its predecessor's, which would have been chosen first.
+    The comparison is strict, so an index of zero probability is never chosen: its cumulative
+    mass equals its predecessor's, which would have been chosen first. `probs` need not sum to 1.
     """
     u = _check_uniform(uniform, "uniform")
     if probs.dim() != 1:
         raise ValueError(f"probs must be 1-D [vocab], got shape {tuple(probs.shape)}")
     probs = _f64(probs)  # [vocab]
-    if bool((probs < 0).any()):
+    if float(probs.min()) < 0:
         raise ValueError("probs must be non-negative")
-    cdf = probs.cumsum(0)  # [vocab]
-    total = float(cdf[-1])
-    if not total > 0 or not math.isfinite(total):
-        raise ValueError(f"probs must have a positive finite total, got {total}")
-    threshold = torch.tensor([u * total], dtype=torch.float64)  # [1]
-    index = int(torch.searchsorted(cdf, threshold, right=True))
-    if index == probs.numel():  # u * total rounded up to the total
-        index = int(probs.nonzero()[-1])
+    index = _inverse_cdf(probs, u)
+    if index is None:
+        raise ValueError("probs must have a positive, finite total")
     return index
 
 
@@ -133,120 +131,141 @@ def verify_greedy(draft_tokens: Tensor, target_probs_or_logits: Tensor,
     """Greedy verification: accept while argmax p_i == x_i, then emit argmax p_i.
 
     Ties go to the lowest index (torch.argmax). No budget is spent: tv_distances are zeros.
+    With k = 0 the argmax of row 0 is emitted whatever `bonus_token` says.
     """
-    k = _check_round(draft_tokens, target_probs_or_logits)
-    best = target_probs_or_logits.argmax(-1)  # [k + 1]
-    mismatch = (best[:k] != draft_tokens).nonzero()  # [num_mismatches, 1]
-    num_accepted = int(mismatch[0]) if mismatch.numel() else k
-    tokens = draft_tokens[:num_accepted].tolist()
+    drafts = _check_round(draft_tokens, target_probs_or_logits)
+    k = len(drafts)
+    best = target_probs_or_logits.argmax(-1).tolist()  # [k + 1]
+    num_accepted = next((i for i, x in enumerate(drafts) if best[i] != x), k)
     if num_accepted < k:
-        return VerifyResult(tokens + [int(best[num_accepted])], num_accepted, "recovered",
-                            [0.0] * (num_accepted + 1))
+        return VerifyResult(drafts[:num_accepted] + [best[num_accepted]], num_accepted,
+                            "recovered", [0.0] * (num_accepted + 1))
     if bonus_token or k == 0:
-        return VerifyResult(tokens + [int(best[k])], k, "bonus", [0.0] * k)
-    return VerifyResult(tokens, k, "none", [0.0] * k)
+        return VerifyResult(drafts + [best[k]], k, "bonus", [0.0] * k)
+    return VerifyResult(drafts, k, "none", [0.0] * k)
 
 
 def verify(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
-           uniforms: Tensor, residual_uniform: float, tv_budget: float = 0.0,
+           uniforms: Tensor | list[float], residual_uniform: float, tv_budget: float = 0.0,
            bonus_token: bool = True) -> VerifyResult:
     """Verify one round of k draft tokens against k + 1 target distributions.
 
-    draft_tokens: [k] long; draft_probs: [k, vocab] or None (one-hot drafts);
+    draft_tokens: [k] integer; draft_probs: [k, vocab] or None (one-hot drafts);
     target_probs: [k + 1, vocab]; uniforms: [k] accept draws in [0, 1);
     residual_uniform: the draw in [0, 1) for the recovered or bonus token.
     Draft i is accepted when uniforms[i] < a_i(x_i). With k = 0 the round is a plain decode
-    step: one token sampled from target_probs[0], whatever `bonus_token` says.
+    step: one token sampled from target_probs[0] whatever `bonus_token` says.
     """
     _check_tv_budget(tv_budget)
-    k = _check_round(draft_tokens, target_probs)
+    drafts = _check_round(draft_tokens, target_probs)
+    k = len(drafts)
     _check_draft_probs(draft_probs, target_probs, k)
-    uniforms = torch.as_tensor(uniforms, dtype=torch.float64)  # [k]
-    if uniforms.shape != (k,):
-        raise ValueError(f"uniforms must have shape ({k},), got {tuple(uniforms.shape)}")
-    if bool(((uniforms < 0) | (uniforms >= 1)).any()):
-        raise ValueError("uniforms must lie in [0, 1)")
-    residual_uniform = _check_uniform(residual_uniform, "residual_uniform")
+    us = _check_uniforms(uniforms, k)
+    residual_u = _check_uniform(residual_uniform, "residual_uniform")
 
-    accept, tv = _accept_probs_at_drafts(draft_tokens, draft_probs, target_probs, tv_budget)
-    rejected = (uniforms >= accept).nonzero()  # [num_rejected, 1]
-    num_accepted = int(rejected[0]) if rejected.numel() else k
-    tokens = draft_tokens[:num_accepted].tolist()
+    num_accepted, tv = _count_accepted(draft_tokens, draft_probs, target_probs, us, tv_budget)
     if num_accepted < k:
-        q = _draft_row(draft_probs, draft_tokens, num_accepted, target_probs.shape[-1])  # [vocab]
-        residual = residual_distribution(target_probs[num_accepted], q)  # [vocab]
-        token = sample_from(residual, residual_uniform)
-        return VerifyResult(tokens + [token], num_accepted, "recovered", tv[:num_accepted + 1])
+        q = _draft_row(draft_probs, drafts, num_accepted, target_probs.shape[1])  # [vocab]
+        token = _sample_recovered(target_probs[num_accepted], q, residual_u)
+        return VerifyResult(drafts[:num_accepted] + [token], num_accepted, "recovered", tv)
     if bonus_token or k == 0:
-        token = sample_from(target_probs[k], residual_uniform)
-        return VerifyResult(tokens + [token], k, "bonus", tv)
-    return VerifyResult(tokens, k, "none", tv)
+        return VerifyResult(drafts + [sample_from(target_probs[k], residual_u)], k, "bonus", tv)
+    return VerifyResult(drafts, k, "none", tv)
 
 
-def _accept_probs_at_drafts(draft_tokens: Tensor, draft_probs: Tensor | None,
-                            target_probs: Tensor, tv_budget: float) -> tuple[Tensor, list[float]]:
-    """Acceptance probability a_i(x_i) ([k]) and realised TV(pi_i, p_i) = theta_i d_i per draft.
+def _count_accepted(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
+                    us: list[float], tv_budget: float) -> tuple[int, list[float]]:
+    """Drafts kept before the first rejection, and TV(pi_i, p_i) = theta_i d_i per verified draft.
 
-    Lossless rounds (D = 0) need only the gathered probabilities, never a full vocabulary row.
+    Lossless rounds (D = 0) only gather p_i(x_i) and q_i(x_i). Mentored rounds need d_i over
+    the vocabulary; they measure it a chunk of rows at a time and stop at the first rejection.
     """
     k = draft_tokens.numel()
-    index = draft_tokens.long().unsqueeze(-1)  # [k, 1]
-    p_x = _f64(target_probs[:k].gather(-1, index)).squeeze(-1)  # [k]
-    if draft_probs is None:
-        q_x = torch.ones(k, dtype=torch.float64)  # [k]
-    else:
-        q_x = _f64(draft_probs.gather(-1, index)).squeeze(-1)  # [k]
-    if tv_budget == 0.0:
-        return _accept_prob(p_x, q_x), [0.0] * k
-    p = _f64(target_probs[:k])  # [k, vocab]
-    q = _draft_rows(draft_probs, index, p)  # [k, vocab]
-    d = _tv_rows(p, q)  # [k]
-    theta = _mentor_weight(d, tv_budget)  # [k]
-    accept = _accept_prob(_mix(p_x, q_x, theta), q_x)  # [k]
-    return accept, (theta * d).tolist()
+    long_tokens = draft_tokens if draft_tokens.dtype == torch.long else draft_tokens.long()
+    index = long_tokens.unsqueeze(1)  # [k, 1]
+    p_x = _column(target_probs.gather(1, index))  # [k] p_i(x_i); gather reads rows 0..k-1
+    q_x = [1.0] * k if draft_probs is None else _column(draft_probs.gather(1, index))  # [k]
+    chunk = max(1, CHUNK_ELEMENTS // target_probs.shape[1])
+    tv: list[float] = []
+    for start in range(0, k, chunk):
+        stop = min(k, start + chunk)
+        ds = _draft_tvs(target_probs, draft_probs, p_x, start, stop) if tv_budget > 0 else None
+        for i in range(start, stop):
+            theta = 0.0 if ds is None else _mentor_weight(ds[i - start], tv_budget)
+            tv.append(0.0 if ds is None else theta * ds[i - start])
+            if us[i] >= _accept_prob(_mix(p_x[i], q_x[i], theta), q_x[i]):
+                return i, tv
+    return k, tv
+
+
+def _draft_tvs(target_probs: Tensor, draft_probs: Tensor | None, p_x: list[float],
+               start: int, stop: int) -> list[float]:
+    """TV(p_i, q_i) for positions start..stop-1; a one-hot q_i needs only sum(p_i) and p_i(x_i)."""
+    rows = target_probs[start:stop]  # [n, vocab]
+    if draft_probs is not None:
+        return _tv_rows(_f64(rows), draft_probs[start:stop]).tolist()
+    totals = rows.sum(-1, dtype=torch.float64).tolist()  # [n]
+    return [0.5 * (s - p + abs(1.0 - p)) for s, p in zip(totals, p_x[start:stop])]
+
+
+def _sample_recovered(p: Tensor, q: Tensor, u: float) -> int:
+    p = _f64(p)  # [vocab]
+    index = _inverse_cdf(_residual_mass(p, q), u)
+    return sample_from(p, u) if index is None else index  # no residual mass: p == q
 
 
 # ---------------------------------------------------------------- shared math
 
 def _tv_rows(p: Tensor, q: Tensor) -> Tensor:
-    return 0.5 * torch.sub(p, q).abs_().sum(-1)  # [...]
+    return 0.5 * torch.sub(p, q).abs_().sum(-1)  # [...]; p is float64, so q is promoted
 
 
-def _mentor_weight(d: Tensor, tv_budget: float) -> Tensor:
-    """theta = 1 where d <= D (including d = 0), else D / d; D = 1 always gives 1."""
-    if tv_budget >= 1.0:
-        return torch.ones_like(d)
-    return torch.where(d > tv_budget, tv_budget / d, torch.ones_like(d))  # [...]
+def _mentor_weight(d: float, tv_budget: float) -> float:
+    """theta = 1 where d <= D (including d = 0) or D = 1, else D / d."""
+    return 1.0 if d <= tv_budget or tv_budget >= 1.0 else tv_budget / d
 
 
-def _mix(p: Tensor, q: Tensor, theta: Tensor) -> Tensor:
-    """(1 - theta) p + theta q; theta has p's shape without its last axis, or p's shape."""
-    if theta.dim() < p.dim():
-        theta = theta.unsqueeze(-1)
+def _mix(p: Tensor | float, q: Tensor | float, theta: float) -> Tensor | float:
     return (1.0 - theta) * p + theta * q  # theta = 1 gives q exactly
 
 
-def _accept_prob(pi: Tensor, q: Tensor) -> Tensor:
-    ratio = torch.where(q > 0, pi / q, (pi > 0).to(pi.dtype))
-    return ratio.clamp_(max=1.0)
+def _accept_prob(pi_x: float, q_x: float) -> float:
+    """min(1, pi(x) / q(x)); a token q gave no mass is kept only if pi gives it some."""
+    if q_x > 0:
+        return min(1.0, pi_x / q_x)
+    return 1.0 if pi_x > 0 else 0.0
 
 
-def _draft_rows(draft_probs: Tensor | None, index: Tensor, like: Tensor) -> Tensor:
-    if draft_probs is None:
-        return torch.zeros_like(like).scatter_(-1, index, 1.0)  # [k, vocab] one-hot
-    return _f64(draft_probs)  # [k, vocab]
+def _residual_mass(p: Tensor, q: Tensor) -> Tensor:
+    return torch.sub(p, q).clamp_min_(0.0)  # [..., vocab] max(p - q, 0), unnormalized
 
 
-def _draft_row(draft_probs: Tensor | None, draft_tokens: Tensor, i: int, vocab: int) -> Tensor:
-    if draft_probs is None:
-        row = torch.zeros(vocab, dtype=torch.float64)  # [vocab]
-        row[int(draft_tokens[i])] = 1.0
-        return row
-    return _f64(draft_probs[i])  # [vocab]
+def _inverse_cdf(probs: Tensor, u: float) -> int | None:
+    """First index whose cumulative mass exceeds u * total; None if the total is not positive."""
+    cdf = probs.cumsum(0)  # [vocab]
+    total = float(cdf[-1])
+    if not 0.0 < total < math.inf:
+        return None
+    index = int(torch.searchsorted(cdf, u * total, right=True))
+    if index == probs.numel():  # u * total rounded up to the total
+        index = int(probs.nonzero()[-1])
+    return index
+
+
+def _draft_row(draft_probs: Tensor | None, drafts: list[int], i: int, vocab: int) -> Tensor:
+    if draft_probs is not None:
+        return draft_probs[i]  # [vocab]
+    row = torch.zeros(vocab, dtype=torch.float64)  # [vocab] one-hot at the draft token
+    row[drafts[i]] = 1.0
+    return row
+
+
+def _column(t: Tensor) -> list[float]:
+    return [row[0] for row in t.tolist()]  # [n, 1] -> n floats
 
 
 def _f64(t: Tensor) -> Tensor:
-    return t.to(torch.float64)
+    return t if t.dtype == torch.float64 else t.to(torch.float64)
 
 
 # ---------------------------------------------------------------- validation
@@ -263,19 +282,34 @@ def _check_uniform(uniform: float | Tensor, name: str) -> float:
     return u
 
 
-def _check_round(draft_tokens: Tensor, target_probs: Tensor) -> int:
+def _check_uniforms(uniforms: Tensor | list[float], k: int) -> list[float]:
+    us = uniforms.tolist() if isinstance(uniforms, Tensor) else list(uniforms)
+    if not isinstance(us, list) or len(us) != k:
+        raise ValueError(f"uniforms must hold k = {k} draws, got {len(us)}")
+    if not all(0.0 <= u < 1.0 for u in us):
+        raise ValueError(f"uniforms must lie in [0, 1), got {us}")
+    return us
+
+
+def _check_round(draft_tokens: Tensor, target_probs: Tensor) -> list[int]:
+    """Validate a round's shapes; the draft tokens as a list."""
     if draft_tokens.dim() != 1:
         raise ValueError(f"draft_tokens must be 1-D [k], got shape {tuple(draft_tokens.shape)}")
-    if draft_tokens.is_floating_point() or draft_tokens.is_complex():
+    if not _is_integer(draft_tokens):
         raise ValueError(f"draft_tokens must be integer, got {draft_tokens.dtype}")
-    k = draft_tokens.numel()
+    drafts = draft_tokens.tolist()
+    k = len(drafts)
     if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
         raise ValueError(f"target_probs must have shape [k + 1, vocab] = [{k + 1}, vocab], "
                          f"got {tuple(target_probs.shape)}")
     vocab = target_probs.shape[1]
-    if k and bool(((draft_tokens < 0) | (draft_tokens >= vocab)).any()):
-        raise ValueError(f"draft_tokens must lie in [0, {vocab})")
-    return k
+    if not all(0 <= x < vocab for x in drafts):
+        raise ValueError(f"draft_tokens must lie in [0, {vocab}), got {drafts}")
+    return drafts
+
+
+def _is_integer(t: Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
 
 
 def _check_draft_probs(draft_probs: Tensor | None, target_probs: Tensor, k: int) -> None:
@@ -283,4 +317,5 @@ def _check_draft_probs(draft_probs: Tensor | None, target_probs: Tensor, k: int)
         return
     expected = (k, target_probs.shape[1])
     if tuple(draft_probs.shape) != expected:
-        raise ValueError(f"draft_probs must have shape {list(expected)}, got {tuple(draft_probs.shape)}")
+        raise ValueError(f"draft_probs must have shape {list(expected)}, "
+                         f"got {tuple(draft_probs.shape)}")

@@ -1,0 +1,14 @@
+"""specserve: an LLM inference engine built around speculative decoding."""
+
+from specserve.sampling.params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "LLM":  # imported lazily so `specserve --help` stays fast
+        from specserve.llm import LLM
+
+        return LLM
+    raise AttributeError(name)

@@ -1,0 +1,197 @@
+"""The `specserve` command: download, generate, demo, bench, serve."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
+
+DEMO_PROMPT = ("Write a Python function that checks whether a string is a palindrome, "
+               "ignoring case and punctuation. Explain it briefly.")
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling (OpenAI/vLLM names)")
+    g.add_argument("--max-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=-1)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--presence-penalty", type=float, default=0.0)
+    g.add_argument("--frequency-penalty", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--stop-token-ids", type=int, nargs="*", default=[])
+    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--n", type=int, default=1, help="completions per prompt")
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_TARGET, help="alias, GGUF file or HF directory "
+                   f"(default {DEFAULT_TARGET}; aliases: {', '.join(m.alias for m in MODELS)})")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--max-model-len", type=int, default=4096)
+    g = p.add_argument_group("speculative decoding")
+    g.add_argument("--speculative-config", default=None,
+                   help='JSON, e.g. \'{"method": "draft_model", "model": "qwen2.5-coder-0.5b", '
+                        '"num_speculative_tokens": 4}\'')
+    g.add_argument("--draft-model", default=None, help="shorthand for method draft_model")
+    g.add_argument("--ngram", action="store_true", help="shorthand for method ngram (prompt lookup)")
+    g.add_argument("--num-speculative-tokens", "-k", type=int, default=None,
+                   help="k; -1 lets the cost-aware policy choose")
+    g.add_argument("--tv-budget", type=float, default=None, help="mentored decoding budget D in [0, 1]")
+    g.add_argument("--draft-policy", default=None)
+    g.add_argument("--no-bonus-token", action="store_true")
+
+
+def speculative_config(args) -> dict | None:
+    config = json.loads(args.speculative_config) if args.speculative_config else None
+    if args.draft_model or args.ngram:
+        config = dict(config or {}, method="ngram" if args.ngram else "draft_model")
+        if args.draft_model:
+            config["model"] = args.draft_model
+    if config is None:
+        return None
+    overrides = {"num_speculative_tokens": args.num_speculative_tokens, "tv_budget": args.tv_budget,
+                 "draft_policy": args.draft_policy, "bonus_token": False if args.no_bonus_token else None}
+    config.update({k: v for k, v in overrides.items() if v is not None})
+    return config
+
+
+def sampling_params(args):
+    from specserve.sampling.params import SamplingParams
+
+    return SamplingParams(
+        n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+        seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop),
+        stop_token_ids=tuple(args.stop_token_ids), ignore_eos=args.ignore_eos)
+
+
+def read_prompt(args) -> str:
+    if args.prompt_file:
+        return Path(args.prompt_file).read_text()
+    if args.prompt is None or args.prompt == "-":
+        if sys.stdin.isatty() and args.prompt is None:
+            raise SystemExit("error: give --prompt TEXT, --prompt-file FILE, or pipe the prompt on stdin")
+        return sys.stdin.read()
+    return args.prompt
+
+
+def cmd_download(args) -> int:
+    from specserve.models.registry import DownloadError, download
+
+    try:
+        for path in download(args.names or None):
+            print(path)
+    except (DownloadError, ValueError) as e:
+        print(f"specserve download: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_generate(args) -> int:
+    from specserve.llm import LLM
+
+    params = sampling_params(args)
+    prompt = read_prompt(args)
+    llm = LLM(args.model, dtype=args.dtype, speculative_config=speculative_config(args),
+              max_model_len=args.max_model_len)
+    print(f"# loaded {llm.target.path.name} in {llm.target.load_seconds:.1f}s", file=sys.stderr)
+    if args.chat:
+        outputs = llm.chat([{"role": "user", "content": prompt}], params)
+    else:
+        outputs = llm.generate(prompt, params)
+    for out in outputs[0].outputs:
+        if args.json:
+            print(json.dumps(_output_dict(out)))
+            continue
+        print(out.text)
+        print(_stats_line(out), file=sys.stderr)
+    return 0
+
+
+def _output_dict(out) -> dict:
+    return {"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+            "num_output_tokens": out.num_output_tokens, "ttft_s": out.ttft,
+            "decode_tokens_per_s": out.decode_tokens_per_s,
+            "speculative": out.spec.as_dict() if out.spec else None}
+
+
+def _stats_line(out) -> str:
+    tps = out.decode_tokens_per_s
+    line = (f"# {out.num_output_tokens} tokens, finish {out.finish_reason}, TTFT {out.ttft:.2f}s, "
+            f"decode {'-' if tps is None else f'{tps:.2f}'} tokens/s")
+    return line + (f"\n# speculative: {out.spec.summary()}" if out.spec else "")
+
+
+def cmd_demo(args) -> int:
+    """Target-only vs speculative on one prompt, side by side."""
+    from specserve.llm import LLM
+    from specserve.models.loader import load_model
+    from specserve.sampling.params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    prompt = Path(args.prompt_file).read_text() if args.prompt_file else DEMO_PROMPT
+    target = load_model(args.model, args.dtype)
+    draft = load_model(args.draft_model, args.dtype)
+    print(f"# target {target.path.name} loaded in {target.load_seconds:.1f}s; "
+          f"draft {draft.path.name} in {draft.load_seconds:.1f}s", file=sys.stderr)
+    messages = [{"role": "user", "content": prompt}]
+    plain = LLM(target).chat(messages, params)[0].outputs[0]
+    spec = LLM(target, draft=draft, speculative_config={
+        "method": "draft_model", "model": args.draft_model,
+        "num_speculative_tokens": args.num_speculative_tokens}).chat(messages, params)[0].outputs[0]
+    print(spec.text)
+    print(f"# target-only: {_stats_line(plain)[2:]}")
+    print(f"# speculative: {_stats_line(spec)[2:]}")
+    if plain.decode_tokens_per_s and spec.decode_tokens_per_s:
+        same = "identical" if plain.token_ids == spec.token_ids else "DIFFERENT"
+        print(f"# speedup {spec.decode_tokens_per_s / plain.decode_tokens_per_s:.2f}x "
+              f"(greedy outputs {same})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("download", help="fetch and verify the default models into the cache")
+    p.add_argument("names", nargs="*", help="aliases (default: all)")
+    p.set_defaults(func=cmd_download)
+
+    p = sub.add_parser("generate", help="generate text for one prompt")
+    _model_args(p)
+    _sampling_args(p)
+    p.add_argument("--prompt", default=None, help="prompt text ('-' or omitted: read stdin)")
+    p.add_argument("--prompt-file", default=None)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--json", action="store_true", help="print outputs as JSON lines")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("demo", help="target-only vs speculative decoding on the default pair")
+    p.add_argument("--model", default=DEFAULT_TARGET)
+    p.add_argument("--draft-model", default=DEFAULT_DRAFT)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--num-speculative-tokens", "-k", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--prompt-file", default=None)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"specserve {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""One request's sequence: its tokens, where it stands in the KV cache, and its bookkeeping.
+
+Invariant between engine steps: the target cache holds every token but the last
+(`num_cached == len(token_ids) - 1`); the next pass feeds the last token (plus any draft).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from specserve.sampling.params import SamplingParams
+from specserve.sampling.stop import StopChecker
+from specserve.spec.metrics import SpecMetrics
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    request_id: str
+    index: int  # which of the request's n completions
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    stop_checker: StopChecker
+    tv_budget: float
+    token_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    slot: int = -1
+    num_cached: int = 0
+    text: str = ""
+    finish_reason: str | None = None
+    policy: object = None  # the request's draft-length policy (spec.policies)
+    metrics: SpecMetrics = field(default_factory=SpecMetrics)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len:]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def tokens_left(self) -> int:
+        limit = self.params.max_tokens
+        return (limit - self.num_output) if limit is not None else 1 << 30

@@ -1,0 +1,90 @@
+"""Drafting with a smaller model that shares the target's tokenizer.
+
+The draft model keeps its own KV cache (one slot per sequence). Before proposing it catches up
+on the tokens it has not seen (the last accepted tokens and the recovered/bonus token), then
+samples k tokens one step at a time from the *processed* distribution (the same
+`processed_probs` the verifier uses). After verification its cache length moves back to the
+accepted prefix: `num_cached = min(num_cached, old_len + accepted)`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.engine.runner import ModelRunner
+from specserve.engine.sequence import Sequence
+from specserve.sampling.processors import processed_probs
+from specserve.sampling.rejection import sample_from
+from specserve.spec.drafter import EMPTY, Proposal
+
+
+class _DraftSeq:
+    __slots__ = ("slot", "num_cached", "tokens", "probs")
+
+    def __init__(self, slot: int) -> None:
+        self.slot, self.num_cached = slot, 0
+        self.tokens: list[int] = []
+        self.probs: list[torch.Tensor] = []
+
+
+class DraftModelDrafter:
+    def __init__(self, runner: ModelRunner, target_vocab: int) -> None:
+        self.runner = runner
+        self.target_vocab = target_vocab
+        self._seqs: dict[int, _DraftSeq] = {}
+
+    def start(self, seq: Sequence) -> None:
+        self._seqs[seq.seq_id] = _DraftSeq(self.runner.cache.allocate())
+
+    def finish(self, seq: Sequence) -> None:
+        state = self._seqs.pop(seq.seq_id, None)
+        if state is not None:
+            self.runner.cache.release(state.slot)
+
+    def commit(self, seq: Sequence, num_accepted: int, old_len: int) -> None:
+        state = self._seqs[seq.seq_id]
+        state.num_cached = min(state.num_cached, old_len + num_accepted)
+
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
+        active = [(seq, k, self._seqs[seq.seq_id]) for seq, k in zip(seqs, ks) if k > 0]
+        for _, _, state in active:
+            state.tokens, state.probs = [], []
+        # catch up on unseen tokens, then one decode step per drafted token
+        rows = [seq.token_ids[st.num_cached:] for seq, _, st in active]
+        while active:
+            logits = self.runner.forward(rows, [st.num_cached for _, _, st in active],
+                                         [st.slot for _, _, st in active], [1] * len(active))
+            for (seq, _, st), row, lg in zip(active, rows, logits):
+                st.num_cached += len(row)
+                self._sample(seq, st, lg)
+            active = [(seq, k, st) for seq, k, st in active if len(st.tokens) < k]
+            rows = [[st.tokens[-1]] for _, _, st in active]
+        return [self._proposal(seq, k) for seq, k in zip(seqs, ks)]
+
+    def _sample(self, seq: Sequence, st: _DraftSeq, logits: torch.Tensor) -> None:
+        logits = self._align(logits)  # [1, target vocab]
+        probs = processed_probs(logits, seq.params, seq.token_ids + st.tokens, seq.prompt_len)
+        if seq.params.greedy:
+            st.tokens.append(int(probs[0].argmax()))
+        else:
+            u = torch.rand((), generator=seq.generator)
+            st.tokens.append(sample_from(probs[0], u))
+            st.probs.append(probs[0])
+
+    def _proposal(self, seq: Sequence, k: int) -> Proposal:
+        if k == 0:
+            return EMPTY
+        st = self._seqs[seq.seq_id]
+        probs = torch.stack(st.probs) if st.probs else None  # [k, vocab] | None (greedy)
+        return Proposal(list(st.tokens), probs)
+
+    def _align(self, logits: torch.Tensor) -> torch.Tensor:
+        """Match the target's vocabulary size: drop padded draft ids, or give ids the draft
+        lacks zero probability."""
+        vocab = logits.shape[-1]
+        if vocab == self.target_vocab:
+            return logits
+        if vocab > self.target_vocab:
+            return logits[..., :self.target_vocab]
+        pad = logits.new_full((*logits.shape[:-1], self.target_vocab - vocab), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)

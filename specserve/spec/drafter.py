@@ -1,0 +1,46 @@
+"""The drafter protocol every speculative method implements: propose → verify → commit.
+
+A drafter proposes up to k tokens per sequence, with the *processed* distribution it sampled
+them from (`draft_probs`, rows `[k, vocab]`) or `None` for deterministic drafters (n-gram
+lookup, greedy drafts), which the verifier treats as one-hot. After the target's verify pass
+the engine tells the drafter how many proposed tokens were accepted, so it can roll its own
+state (e.g. a draft model's KV cache length) back by arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from specserve.engine.sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    tokens: list[int]  # [k] proposed tokens (k may be 0: a plain decode round)
+    draft_probs: torch.Tensor | None  # [k, vocab] processed draft distribution, None = one-hot
+
+    @property
+    def k(self) -> int:
+        return len(self.tokens)
+
+
+EMPTY = Proposal([], None)
+
+
+class Drafter(Protocol):
+    def start(self, seq: "Sequence") -> None:
+        """A sequence joins (after its prompt was prefilled by the target)."""
+
+    def propose(self, seqs: list["Sequence"], ks: list[int]) -> list[Proposal]:
+        """Up to `ks[i]` tokens following `seqs[i].token_ids`, for all sequences in one batch."""
+
+    def commit(self, seq: "Sequence", num_accepted: int, old_len: int) -> None:
+        """The verify pass kept `num_accepted` proposed tokens; `seq.token_ids` already holds
+        them plus one recovered or bonus token. `old_len` is the length before the round."""
+
+    def finish(self, seq: "Sequence") -> None:
+        """The sequence left; release what the drafter held for it."""

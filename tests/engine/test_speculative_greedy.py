@@ -1,0 +1,107 @@
+"""Greedy speculative decoding equals target-only decoding token for token (float32)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specserve.llm import LLM
+from specserve.models.loader import load_model
+from specserve.sampling.params import SamplingParams
+from tests import tiny
+
+PROMPT = [5, 17, 33, 8, 90, 41]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    target = tiny.build_hf_model("qwen2", seed=0)
+    other = tiny.build_hf_model("qwen2", seed=1)
+    t = load_model(tiny.save_hf_dir(target, tmp_path_factory.mktemp("t")), "float32")
+    d = load_model(tiny.save_hf_dir(other, tmp_path_factory.mktemp("d")), "float32")
+    return t, d
+
+
+def spec(k, **kw):
+    return {"method": "draft_model", "model": "draft", "num_speculative_tokens": k, **kw}
+
+
+def greedy(n):
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_identical_draft_accepts_everything_and_matches_target(models, k):
+    target, _ = models
+    n = 40
+    plain = LLM(target).generate(PROMPT, greedy(n))[0].outputs[0]
+    fast = LLM(target, draft=target, speculative_config=spec(k)).generate(PROMPT, greedy(n))[0].outputs[0]
+    assert fast.token_ids == plain.token_ids
+    assert fast.spec.accepted == fast.spec.drafted
+    # the prefill emits the first token; each round then emits k + 1
+    assert fast.spec.rounds == math.ceil((n - 1) / (k + 1))
+
+
+def test_unrelated_draft_matches_target_and_is_mostly_rejected(models):
+    target, draft = models
+    n = 40
+    plain = LLM(target).generate(PROMPT, greedy(n))[0].outputs[0]
+    fast = LLM(target, draft=draft, speculative_config=spec(4)).generate(PROMPT, greedy(n))[0].outputs[0]
+    assert fast.token_ids == plain.token_ids
+    assert fast.spec.acceptance_rate < 0.3
+
+
+def test_without_bonus_token_256_tokens_at_k4_take_64_rounds(models):
+    target, _ = models
+    llm = LLM(target, draft=target, speculative_config=spec(4, bonus_token=False), max_model_len=512)
+    out = llm.generate(PROMPT, greedy(256))[0].outputs[0]
+    plain = LLM(target, max_model_len=512).generate(PROMPT, greedy(256))[0].outputs[0]
+    assert out.token_ids == plain.token_ids
+    assert out.num_output_tokens == 256
+    assert out.spec.rounds == 64
+
+
+def test_tv_budget_one_accepts_every_draft_token(models):
+    target, draft = models
+    llm = LLM(target, draft=draft, speculative_config=spec(4, tv_budget=1.0))
+    out = llm.generate(PROMPT, SamplingParams(temperature=1.0, max_tokens=30, seed=0, ignore_eos=True))[0].outputs[0]
+    assert out.spec.drafted > 0 and out.spec.accepted == out.spec.drafted
+
+
+def test_per_request_tv_budget_overrides_engine(models):
+    target, draft = models
+    llm = LLM(target, draft=draft, speculative_config=spec(4, tv_budget=0.0))
+    out = llm.generate(PROMPT, SamplingParams(temperature=1.0, max_tokens=30, seed=0, ignore_eos=True,
+                                              tv_budget=1.0))[0].outputs[0]
+    assert out.spec.accepted == out.spec.drafted
+
+
+def test_seeded_speculative_sampling_is_reproducible(models):
+    target, draft = models
+    params = SamplingParams(temperature=0.8, max_tokens=30, seed=11, ignore_eos=True)
+    runs = [LLM(target, draft=draft, speculative_config=spec(3)).generate(PROMPT, params)[0].token_ids
+            for _ in range(2)]
+    other = LLM(target, draft=draft, speculative_config=spec(3)).generate(
+        PROMPT, SamplingParams(temperature=0.8, max_tokens=30, seed=12, ignore_eos=True))[0].token_ids
+    assert runs[0] == runs[1]
+    assert other != runs[0]
+
+
+def test_mismatched_vocabulary_is_refused(models, tmp_path):
+    target, _ = models
+    other = tiny.build_hf_model("qwen2", seed=2)
+    path = tiny.save_hf_dir(other, tmp_path / "d")
+    (path / "tokenizer.json").write_text((path / "tokenizer.json").read_text().replace('"a"', '"@@"', 1))
+    with pytest.raises(ValueError, match="vocabulary"):
+        LLM(target, speculative_config=spec(2) | {"model": str(path)}, dtype="float32")
+
+
+def test_padded_vocabulary_of_same_tokenizer_is_accepted(models, tmp_path):
+    target, _ = models
+    padded = tiny.build_hf_model("qwen2", seed=0, vocab=tiny.VOCAB + 16)
+    path = tiny.save_hf_dir(padded, tmp_path / "p")
+    llm = LLM(target, speculative_config=spec(2) | {"model": str(path)}, dtype="float32")
+    out = llm.generate(PROMPT, greedy(12))[0].outputs[0]
+    plain = LLM(target).generate(PROMPT, greedy(12))[0].outputs[0]
+    assert out.token_ids == plain.token_ids
