@@ -95,7 +95,8 @@ class LLMEngine:
     def _policy(self):
         if self.spec is None or self.drafter is None:
             return FixedPolicy(0)
-        return make_policy(self.spec.policy_name, self.spec.num_speculative_tokens, self.cost)
+        return make_policy(self.spec.policy_name, self.spec.num_speculative_tokens, self.cost,
+                           max_k=self.spec.max_k)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

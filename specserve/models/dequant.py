@@ -19,9 +19,11 @@ i + 16; bit j of qh is the fifth bit of weight j. The K formats split a block in
 sub-blocks with their own 6-bit (Q4_K, Q5_K: 8 x 32 weights, w = d*sc*q - dmin*m) or
 8-bit (Q6_K: 16 x 16 weights, w = d*sc*(q - 32)) scales.
 
-Work happens in uint8/int8 and float32 on bounded chunks of blocks, written into one
-preallocated output, so memory stays near the size of the result. Arithmetic is done in
-the same order as the reference (no fused multiply-add), so results match it bit for bit.
+Bits are unpacked two or four bytes at a time in int16/int32 words (masks keep the bytes
+apart), then widened straight into float32. Large tensors are decoded in chunks of blocks
+written into one preallocated output, so temporaries stay a few MiB whatever the tensor
+size. Arithmetic is done in the same order as the reference (no fused multiply-add), so
+results match it bit for bit.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(
     {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 )
 
-# Weights decoded per step: keeps temporaries cache-sized whatever the tensor size.
-_CHUNK_WEIGHTS = 1 << 18
+# Weights decoded per step: bounds temporaries (~4 MiB of codes, 16 MiB of output slice)
+# while keeping the number of torch op launches, each a thread-pool sync, small.
+_CHUNK_WEIGHTS = 1 << 22
 
 
 def _half(words: torch.Tensor, index: int) -> torch.Tensor:
@@ -81,21 +84,22 @@ def _decode_bf16(blocks: torch.Tensor, out: torch.Tensor) -> None:
 
 def _decode_q8_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
     d = _half(blocks.view(torch.int16), 0)  # [n, 1]
-    torch.mul(blocks[:, 2:].view(torch.int8), d, out=out)
+    out.copy_(blocks[:, 2:].view(torch.int8))
+    out.mul_(d)
 
 
 def _decode_q4_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
     words = blocks.view(torch.int16)  # [n, 9]
     q = _nibbles(words[:, 1:]).view(-1, 32)  # [n, 32]
-    torch.sub(q, 8.0, out=out)
-    out.mul_(_half(words, 0))
+    out.copy_(q)
+    out.sub_(8.0).mul_(_half(words, 0))
 
 
 def _decode_q4_1(blocks: torch.Tensor, out: torch.Tensor) -> None:
     words = blocks.view(torch.int16)  # [n, 10]
     q = _nibbles(words[:, 2:]).view(-1, 32)  # [n, 32]
-    torch.mul(q, _half(words, 0), out=out)
-    out.add_(_half(words, 1))
+    out.copy_(q)
+    out.mul_(_half(words, 0)).add_(_half(words, 1))
 
 
 def _five_bit(blocks: torch.Tensor, qh_byte: int) -> torch.Tensor:
@@ -106,14 +110,14 @@ def _five_bit(blocks: torch.Tensor, qh_byte: int) -> torch.Tensor:
 
 
 def _decode_q5_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
-    torch.sub(_five_bit(blocks, 2), 16.0, out=out)
-    out.mul_(_half(blocks.view(torch.int16), 0))
+    out.copy_(_five_bit(blocks, 2))
+    out.sub_(16.0).mul_(_half(blocks.view(torch.int16), 0))
 
 
 def _decode_q5_1(blocks: torch.Tensor, out: torch.Tensor) -> None:
     words = blocks.view(torch.int16)  # [n, 12]
-    torch.mul(_five_bit(blocks, 4), _half(words, 0), out=out)
-    out.add_(_half(words, 1))
+    out.copy_(_five_bit(blocks, 4))
+    out.mul_(_half(words, 0)).add_(_half(words, 1))
 
 
 def _k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,8 +142,8 @@ def _k_affine(blocks: torch.Tensor, q: torch.Tensor, out: torch.Tensor) -> None:
     scale = (_half(words, 0) * sc).unsqueeze(-1)  # [n, 8, 1]
     offset = (_half(words, 1) * mn).unsqueeze(-1)  # [n, 8, 1]
     sub_blocks = out.view(-1, 8, 32)  # [n, 8, 32]
-    torch.mul(q, scale, out=sub_blocks)
-    sub_blocks.sub_(offset)
+    sub_blocks.copy_(q)
+    sub_blocks.mul_(scale).sub_(offset)
 
 
 def _k_low_nibbles(words: torch.Tensor) -> torch.Tensor:
@@ -176,8 +180,8 @@ def _decode_q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     scales = blocks[:, 192:208].view(torch.int8).float()  # [n, 16]
     scale = (_half(words, 104) * scales).unsqueeze(-1)  # [n, 16, 1]
     sub_blocks = out.view(-1, 16, 16)  # [n, 16, 16]
-    torch.sub((low | high).view(-1, 16, 16), 32.0, out=sub_blocks)
-    sub_blocks.mul_(scale)
+    sub_blocks.copy_((low | high).view(-1, 16, 16))
+    sub_blocks.sub_(32.0).mul_(scale)
 
 
 _DECODERS: dict[GGMLQuantizationType, BlockDecoder] = {
@@ -236,8 +240,8 @@ def dequantize(
     """
     label = name if name is not None else "<unnamed>"
     qtype = _resolve_type(qtype, label)
+    expected = _expected_bytes(qtype, tuple(shape), label)
     shape = tuple(int(dim) for dim in shape)
-    expected = _expected_bytes(qtype, shape, label)
     data = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)  # [bytes]
     if data.size != expected:
         raise ValueError(

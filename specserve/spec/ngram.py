@@ -87,7 +87,8 @@ class _TokenBuffer:
         self.length = 0
 
     def sync(self, token_ids: TokenSequence[int]) -> np.ndarray:
-        """The buffer's view of `token_ids`; rebuilt if the kept prefix no longer matches."""
+        """The buffer's view of `token_ids`, which only grow between rounds; as a cheap guard
+        (not a proof) the buffer is rebuilt when it is longer or its last token differs."""
         total = len(token_ids)
         last = self.length - 1
         if self.length > total or (last >= 0 and token_ids[last] != self.data[last]):
@@ -119,7 +120,8 @@ class NgramDrafter:
     ) -> None:
         if num_speculative_tokens < -1:
             raise ValueError(
-                f"num_speculative_tokens must be >= 0 or -1 (adaptive), got {num_speculative_tokens}"
+                "num_speculative_tokens must be >= 0 or -1 (adaptive), "
+                f"got {num_speculative_tokens}"
             )
         _check_lookup_bounds(prompt_lookup_max, prompt_lookup_min)
         self.num_speculative_tokens = num_speculative_tokens

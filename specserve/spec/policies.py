@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
+from dataclasses import dataclass
 from typing import Protocol
 
 POLICY_NAMES = ("fixed", "acceptance_rate", "accepted_length", "heuristic", "cost_aware")
 DEFAULT_MIN_K = 1
 DEFAULT_MAX_K = 8  # the bound of the adaptive policies (SPEC §5)
+DEFAULT_DRAFT_STEP_RATIO = 0.1  # a draft step / a decode step, before either is measured
+DEFAULT_VERIFY_ROW_RATIO = 0.1  # one more verified row / a decode step, before it is measured
 
 
 class DraftPolicy(Protocol):
@@ -159,74 +162,79 @@ class CostModel:
     """Online estimates of a round's draft and verify times; one per engine, shared by its
     requests (timings are a property of the models and the device, not of the text).
 
-    Each observation updates an EMA kept per draft-step count / per k. A k never observed
-    is read off a line fitted through the observed points (least squares, intercept and
-    slope kept ≥ 0): draft time = a + b·steps, verify time = a + b·(k + 1) rows. With one
-    verify point the line assumes each extra row costs `DEFAULT_VERIFY_ROW_RATIO` of a
-    decode step; with one draft point, a cost proportional to the steps. Before anything
-    is measured, a decode step is the unit and a draft step costs `DEFAULT_DRAFT_STEP_RATIO`.
+    Each observation updates an EMA kept per draft-step count / per k; a k not measured in
+    the last `max_age` observations is forgotten, so a slow first call (warm-up) or a drift
+    cannot keep a k from ever being chosen again. A k without a measurement is read off a
+    line fitted through the measured points (least squares, intercept and slope kept ≥ 0):
+    draft time = a + b·steps, verify time = a + b·(k + 1) rows. With one verify point the
+    line assumes each extra row costs `DEFAULT_VERIFY_ROW_RATIO` of a decode step; with one
+    draft point, a cost proportional to the steps. Before anything is measured, a decode
+    step is the unit and a draft step costs `DEFAULT_DRAFT_STEP_RATIO` of it.
     """
 
-    __slots__ = ("ema", "_draft", "_verify", "_lines")
+    __slots__ = ("_draft", "_verify", "_lines")
 
-    def __init__(self, ema: float = 0.2) -> None:
+    def __init__(self, ema: float = 0.2, max_age: int = 256) -> None:
         if not 0.0 < ema <= 1.0:
             raise ValueError(f"ema must be in (0, 1], got {ema}")
-        self.ema = ema
-        self._draft: dict[int, float] = {}  # draft steps → EMA seconds of drafting them
-        self._verify: dict[int, float] = {}  # k → EMA seconds of a target pass over k + 1 rows
+        if max_age < 1:
+            raise ValueError(f"max_age must be >= 1, got {max_age}")
+        self._draft = _Timings(ema, max_age)  # draft steps → seconds of drafting them
+        self._verify = _Timings(ema, max_age)  # k → seconds of a target pass over k + 1 rows
         self._lines: tuple[_Line, _Line] | None = None  # (draft, verify) fits; None = stale
 
     def seed(self, draft_step_s: float, verify_times: dict[int, float]) -> None:
         """Start from a calibration: one draft step's time and verify times by k."""
-        self._draft = {1: _check_seconds("draft_step_s", draft_step_s)}
-        self._verify = {}
-        for k, seconds in verify_times.items():
-            self._verify[_check_k(k)] = _check_seconds("verify_times", seconds)
+        self._draft.reset({1: _check_seconds("draft_step_s", draft_step_s)})
+        self._verify.reset(
+            {_check_k(k): _check_seconds("verify_times", s) for k, s in verify_times.items()}
+        )
         self._lines = None
 
     def observe_draft(self, num_steps: int, seconds: float) -> None:
         """One round's drafting took `seconds` for `num_steps` draft steps (0: no drafting)."""
         if num_steps > 0:
-            self._update(self._draft, num_steps, _check_seconds("seconds", seconds))
+            self._draft.update(num_steps, _check_seconds("seconds", seconds))
+            self._lines = None
 
     def observe_verify(self, k: int, seconds: float) -> None:
         """A target pass over k + 1 rows took `seconds` (k = 0: a plain decode step)."""
-        self._update(self._verify, _check_k(k), _check_seconds("seconds", seconds))
+        self._verify.update(_check_k(k), _check_seconds("seconds", seconds))
+        self._lines = None
 
     def draft_time(self, k: int) -> float:
         if k <= 0:
             return 0.0
-        return self._draft[k] if k in self._draft else self._fits()[0].at(k)
+        measured = self._draft.values.get(k)
+        return measured if measured is not None else self._fits()[0].at(k)
 
     def verify_time(self, k: int) -> float:
-        return self._verify[k] if k in self._verify else self._fits()[1].at(k + 1)
+        measured = self._verify.values.get(k)
+        return measured if measured is not None else self._fits()[1].at(k + 1)
 
     def round_time(self, k: int) -> float:
         """Estimated seconds of a round drafting k tokens; k = 0 is a plain decode step."""
         return self.draft_time(k) + self.verify_time(k)
 
-    def _update(self, points: dict[int, float], x: int, seconds: float) -> None:
-        old = points.get(x)
-        points[x] = seconds if old is None else self.ema * seconds + (1.0 - self.ema) * old
-        self._lines = None
-
     def _fits(self) -> tuple[_Line, _Line]:
         if self._lines is None:
-            per_step = sum(self._draft.values()) / sum(self._draft) if self._draft else None
+            draft = self._draft.values
+            per_step = sum(draft.values()) / sum(draft) if draft else None
             verify = self._verify_line(per_step)
-            draft = _fit_line(self._draft) if len(self._draft) >= 2 else None
-            if draft is None:
-                decode = verify.at(1)
-                draft = _Line(0.0, per_step if per_step is not None else DEFAULT_DRAFT_STEP_RATIO * decode)
-            self._lines = (draft, verify)
+            self._lines = (self._draft_line(per_step, verify.at(1)), verify)
         return self._lines
 
+    def _draft_line(self, per_step: float | None, decode: float) -> _Line:
+        if len(self._draft.values) >= 2:
+            return _fit_line(self._draft.values)
+        return _Line(0.0, per_step if per_step is not None else DEFAULT_DRAFT_STEP_RATIO * decode)
+
     def _verify_line(self, per_step: float | None) -> _Line:
-        if len(self._verify) >= 2:
-            return _fit_line({k + 1: s for k, s in self._verify.items()})
-        if self._verify:
-            ((k, seconds),) = self._verify.items()
+        verify = self._verify.values
+        if len(verify) >= 2:
+            return _fit_line({k + 1: s for k, s in verify.items()})
+        if verify:
+            ((k, seconds),) = verify.items()
             decode = seconds / (1.0 + DEFAULT_VERIFY_ROW_RATIO * k)
         else:
             decode = per_step / DEFAULT_DRAFT_STEP_RATIO if per_step is not None else 1.0
@@ -234,15 +242,34 @@ class CostModel:
         return _Line(decode - row, row)
 
 
-DEFAULT_DRAFT_STEP_RATIO = 0.1  # a draft step / a decode step, before either is measured
-DEFAULT_VERIFY_ROW_RATIO = 0.1  # one more verified row / a decode step, before it is measured
+class _Timings:
+    """EMA seconds by x (draft steps, or k); an x not updated in `max_age` updates is dropped."""
+
+    __slots__ = ("ema", "max_age", "values", "_stamps", "_clock")
+
+    def __init__(self, ema: float, max_age: int) -> None:
+        self.ema, self.max_age = ema, max_age
+        self.values: dict[int, float] = {}
+        self._stamps: dict[int, int] = {}  # x → the update count when x was last measured
+        self._clock = 0
+
+    def reset(self, values: dict[int, float]) -> None:
+        self.values = dict(values)
+        self._stamps = dict.fromkeys(values, self._clock)
+
+    def update(self, x: int, seconds: float) -> None:
+        self._clock += 1
+        old = self.values.get(x)
+        self.values[x] = seconds if old is None else self.ema * seconds + (1.0 - self.ema) * old
+        self._stamps[x] = self._clock
+        for stale in [y for y, stamp in self._stamps.items() if self._clock - stamp > self.max_age]:
+            del self.values[stale], self._stamps[stale]
 
 
+@dataclass(frozen=True, slots=True)
 class _Line:
-    __slots__ = ("intercept", "slope")
-
-    def __init__(self, intercept: float, slope: float) -> None:
-        self.intercept, self.slope = intercept, slope
+    intercept: float
+    slope: float
 
     def at(self, x: float) -> float:
         return self.intercept + self.slope * x
@@ -287,8 +314,10 @@ class CostAwarePolicy:
     speculating, the policy stops only if k = 0 also wins with every α_i raised by one
     posterior standard deviation. While stopped, every `probe interval` rounds (starting at
     `probe_every`, doubled after each probe that is not fully accepted, up to `probe_cap`)
-    it drafts `probe_k` tokens anyway. A fully accepted probe means the text may have
-    changed: the window is cleared down to that round and the interval resets.
+    it drafts `probe_k` tokens anyway. The evidence that stopped speculation ages while
+    stopped, so each probe first drops the older half of the window; a fully accepted probe
+    means the text may have changed: the window is cleared down to that round and the
+    interval resets.
     """
 
     __slots__ = (
@@ -421,7 +450,7 @@ def make_policy(
         return FixedPolicy(k)
     if k == -1 or name == "cost_aware":
         if cost is None:
-            raise ValueError("draft_policy 'cost_aware' needs the engine's CostModel, got cost=None")
+            raise ValueError("draft_policy 'cost_aware' needs the engine's CostModel (cost=None)")
         return CostAwarePolicy(cost, max_k=max_k if k == -1 else k)
     upper = max(max_k, k)
     if name == "acceptance_rate":

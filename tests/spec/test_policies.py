@@ -138,6 +138,7 @@ def test_heuristic_adds_two_after_full_acceptance_and_drops_one_otherwise():
         (lambda: CostAwarePolicy(CostModel(), probe_every=8, probe_cap=4), "probe_cap"),
         (lambda: CostAwarePolicy(CostModel(), prior_mean=1.0), "prior_mean"),
         (lambda: CostModel(ema=1.5), "ema"),
+        (lambda: CostModel(max_age=0), "max_age"),
     ],
 )
 def test_bad_policy_settings_raise_naming_the_field(build, field):
@@ -177,6 +178,16 @@ def test_cost_model_fits_draft_overhead_plus_per_step_cost():
         cost.observe_draft(steps, 0.001 + 0.002 * steps)
     assert cost.draft_time(8) == pytest.approx(0.017)
     assert cost.draft_time(3) == pytest.approx(0.007)
+
+
+def test_cost_model_forgets_a_k_not_measured_for_max_age_observations():
+    cost = CostModel(max_age=10)
+    cost.observe_verify(8, 1.0)  # a slow warm-up call
+    for _ in range(10):
+        cost.observe_verify(0, 0.010)
+        cost.observe_verify(4, 0.014)
+    assert cost.verify_time(8) == pytest.approx(0.018)  # back on the line of fresh points
+    assert cost.verify_time(4) == pytest.approx(0.014)
 
 
 def test_cost_model_defaults_are_relative_to_what_was_measured():

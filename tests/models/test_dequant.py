@@ -1,0 +1,302 @@
+"""Tests for specserve.models.dequant: GGUF blocks to float32, checked against gguf.quants.
+
+Synthetic blocks cover every bit pattern of the quantized fields (scale fields are kept
+finite); real blocks come from the model files that `specserve download` puts in the cache.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from pathlib import Path
+from typing import Callable
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
+
+from specserve.models import dequant
+from specserve.models.dequant import SUPPORTED_TYPES, dequantize, dequantize_tensor
+
+Q = GGMLQuantizationType
+QUANTIZED_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# Types that gguf.quants can also quantize (the K types it only dequantizes).
+GGUF_QUANTIZABLE = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
+# Byte offsets of the float16 scale fields inside one block of each type.
+F16_FIELDS = {
+    Q.Q8_0: (0,), Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2),
+    Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,),
+}
+REAL_MODELS = {
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf": (Q.Q4_K, Q.Q6_K, Q.F32),
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf": (Q.Q5_0, Q.Q8_0, Q.Q6_K, Q.Q4_K),
+    "smollm2-135m-instruct-q4_1.gguf": (Q.Q4_1, Q.Q8_0),
+}
+REAL_CASES = [(file, qtype) for file, types in REAL_MODELS.items() for qtype in types]
+REAL_ROWS = 64
+
+
+def models_dir() -> Path:
+    """Where `specserve download` stores model files."""
+    cache = os.environ.get("SPECSERVE_CACHE", str(Path.home() / ".cache" / "specserve"))
+    return Path(cache).expanduser() / "models"
+
+
+# GGUF metadata value types of fixed size (bytes); 8 is a string, 9 an array.
+_GGUF_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def _skip_value(buf: mmap.mmap, pos: int, value_type: int) -> int:
+    """Position just past one metadata value of `value_type` starting at `pos`."""
+    if value_type in _GGUF_SCALAR_SIZES:
+        return pos + _GGUF_SCALAR_SIZES[value_type]
+    if value_type == 8:
+        return pos + 8 + struct.unpack_from("<Q", buf, pos)[0]
+    assert value_type == 9, f"unknown GGUF value type {value_type}"
+    item_type, count = struct.unpack_from("<IQ", buf, pos)
+    pos += 12
+    if item_type in _GGUF_SCALAR_SIZES:
+        return pos + count * _GGUF_SCALAR_SIZES[item_type]
+    for _ in range(count):
+        pos = _skip_value(buf, pos, item_type)
+    return pos
+
+
+def read_tensor_index(path: Path) -> list[gguf.ReaderTensor]:
+    """The tensors of a GGUF file, with memory-mapped data, skipping the metadata.
+
+    `GGUFReader` parses every metadata value (150k-token vocabularies) and takes 5-15 s a
+    file here; this reads only what locating tensor bytes needs (alignment, tensor infos).
+    """
+    with open(path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    magic, _version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
+    assert magic == b"GGUF", f"{path} is not a GGUF file"
+    pos, alignment = 24, 32
+    for _ in range(n_kv):
+        key_len = struct.unpack_from("<Q", buf, pos)[0]
+        key = bytes(buf[pos + 8 : pos + 8 + key_len])
+        (value_type,) = struct.unpack_from("<I", buf, pos + 8 + key_len)
+        pos += 12 + key_len
+        if key == b"general.alignment":
+            (alignment,) = struct.unpack_from("<I", buf, pos)
+        pos = _skip_value(buf, pos, value_type)
+    infos = []
+    for _ in range(n_tensors):
+        name_len = struct.unpack_from("<Q", buf, pos)[0]
+        name = bytes(buf[pos + 8 : pos + 8 + name_len]).decode()
+        pos += 8 + name_len
+        (n_dims,) = struct.unpack_from("<I", buf, pos)
+        dims = np.array(struct.unpack_from(f"<{n_dims}Q", buf, pos + 4), dtype=np.uint64)
+        qtype_value, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
+        pos += 4 + 8 * n_dims + 12
+        infos.append((name, GGMLQuantizationType(qtype_value), dims, offset))
+    data_start = -(-pos // alignment) * alignment
+    file_bytes = np.memmap(path, dtype=np.uint8, mode="r")
+    tensors = []
+    for name, qtype, dims, offset in infos:
+        block_size, type_size = GGML_QUANT_SIZES[qtype]
+        n_elements = int(np.prod(dims))
+        n_bytes = n_elements // block_size * type_size
+        start = data_start + offset
+        row_bytes = int(dims[0]) // block_size * type_size
+        data = file_bytes[start : start + n_bytes].reshape(-1, row_bytes)  # [rows, bytes per row]
+        tensors.append(gguf.ReaderTensor(name, qtype, dims, n_elements, n_bytes, start, data, None))
+    return tensors
+
+
+@pytest.fixture(scope="module")
+def model_tensors() -> Callable[[str], list[gguf.ReaderTensor]]:
+    """Tensor index of a cached model file (read once per module); fails, never skips,
+    when the file is absent."""
+    indexes: dict[str, list[gguf.ReaderTensor]] = {}
+
+    def index(filename: str) -> list[gguf.ReaderTensor]:
+        path = models_dir() / filename
+        if not path.is_file():
+            pytest.fail(f"model file {path} not found: run `specserve download` first")
+        if filename not in indexes:
+            indexes[filename] = read_tensor_index(path)
+        return indexes[filename]
+
+    return index
+
+
+def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random bytes [rows, bytes per row] whose float16 scale fields are finite."""
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    n_blocks = rows * cols // block_size
+    blocks = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
+    for offset in F16_FIELDS[qtype]:
+        scales = (rng.standard_normal(n_blocks) * 0.05).astype(np.float16)
+        scales[::7] = 0.0  # a zero scale now and then
+        blocks[:, offset : offset + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
+    return blocks.reshape(rows, -1)
+
+
+def assert_matches_gguf(raw: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> None:
+    """Our output is bit-identical to gguf's reference dequantization of the same bytes."""
+    ours = dequantize(raw, qtype, shape)
+    assert ours.dtype == torch.float32
+    assert tuple(ours.shape) == shape
+    reference = gguf.quants.dequantize(np.asarray(raw), qtype).reshape(shape)
+    np.testing.assert_array_equal(ours.numpy(), reference)
+
+
+@pytest.mark.parametrize("qtype", QUANTIZED_TYPES, ids=lambda t: t.name)
+def test_random_blocks_match_gguf_reference_bit_for_bit(qtype: GGMLQuantizationType) -> None:
+    raw = random_blocks(qtype, rows=24, cols=1024, seed=qtype.value)
+    assert_matches_gguf(raw, qtype, (24, 1024))
+
+
+@pytest.mark.parametrize("qtype", GGUF_QUANTIZABLE, ids=lambda t: t.name)
+def test_gguf_quantized_weights_match_gguf_reference(qtype: GGMLQuantizationType) -> None:
+    rng = np.random.default_rng(100 + qtype.value)
+    weights = (rng.standard_normal((16, 512)) * np.logspace(-3, 1, 16)[:, None]).astype(np.float32)
+    raw = gguf.quants.quantize(weights, qtype)
+    assert raw.dtype == np.uint8
+    assert_matches_gguf(raw, qtype, (16, 512))
+    # Sanity: a quantization round trip stays close to the original weights.
+    ours = dequantize(raw, qtype, (16, 512)).numpy()
+    row_scale = np.abs(weights).max(axis=1, keepdims=True)
+    assert np.all(np.abs(ours - weights) <= 0.2 * row_scale)
+
+
+def test_q8_0_block_is_scale_times_signed_bytes() -> None:
+    d = np.array([0.5], dtype=np.float16).view(np.uint8)
+    qs = np.arange(-16, 16, dtype=np.int8).view(np.uint8)
+    raw = np.concatenate([d, qs])
+    out = dequantize(raw, Q.Q8_0, (32,))
+    torch.testing.assert_close(out, torch.arange(-16, 16, dtype=torch.float32) * 0.5, rtol=0, atol=0)
+
+
+def test_q4_0_low_nibbles_are_first_half_of_block() -> None:
+    d = np.array([2.0], dtype=np.float16).view(np.uint8)
+    low, high = np.arange(16, dtype=np.uint8), np.full(16, 9, dtype=np.uint8)
+    raw = np.concatenate([d, low | (high << 4)])
+    out = dequantize(raw, Q.Q4_0, (1, 32))
+    expected = torch.cat([torch.arange(16) - 8.0, torch.full((16,), 1.0)]) * 2.0
+    torch.testing.assert_close(out[0], expected, rtol=0, atol=0)
+
+
+def test_chunked_decoding_matches_single_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = random_blocks(Q.Q6_K, rows=10, cols=768, seed=7)
+    whole = dequantize(raw, Q.Q6_K, (10, 768))
+    monkeypatch.setattr(dequant, "_CHUNK_WEIGHTS", 256 * 7)  # 30 blocks: 4 chunks of 7, then 2
+    torch.testing.assert_close(dequantize(raw, Q.Q6_K, (10, 768)), whole, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("np_dtype, qtype", [(np.float32, Q.F32), (np.float16, Q.F16)], ids=["F32", "F16"])
+def test_float_tensors_typed_or_as_bytes(np_dtype: type, qtype: GGMLQuantizationType) -> None:
+    values = np.random.default_rng(3).standard_normal((6, 10)).astype(np_dtype)
+    expected = torch.from_numpy(values.astype(np.float32))
+    torch.testing.assert_close(dequantize(values, qtype, (6, 10)), expected, rtol=0, atol=0)
+    as_bytes = values.view(np.uint8)
+    torch.testing.assert_close(dequantize(as_bytes, qtype, (6, 10)), expected, rtol=0, atol=0)
+
+
+def test_bf16_matches_gguf_reference() -> None:
+    values = np.random.default_rng(4).standard_normal((5, 12)).astype(np.float32)
+    raw = gguf.quants.quantize(values, Q.BF16)  # [5, 24] bytes
+    assert_matches_gguf(raw, Q.BF16, (5, 12))
+
+
+def test_dequantize_tensor_reads_type_and_shape_from_a_gguf_file(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    weights = {"f16": rng.standard_normal((3, 8)).astype(np.float16), "q8": rng.standard_normal((4, 64))}
+    q8_bytes = gguf.quants.quantize(weights["q8"].astype(np.float32), Q.Q8_0)
+    writer = GGUFWriter(tmp_path / "tiny.gguf", arch="llama")
+    writer.add_tensor("f16", weights["f16"])
+    writer.add_tensor("q8", q8_bytes, raw_dtype=Q.Q8_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    tensors = {t.name: t for t in GGUFReader(tmp_path / "tiny.gguf").tensors}
+    f16 = dequantize_tensor(tensors["f16"])
+    torch.testing.assert_close(f16, torch.from_numpy(weights["f16"].astype(np.float32)), rtol=0, atol=0)
+    q8 = dequantize_tensor(tensors["q8"])
+    assert tuple(q8.shape) == (4, 64)
+    np.testing.assert_array_equal(q8.numpy(), gguf.quants.dequantize(q8_bytes, Q.Q8_0))
+
+
+def first_tensor(tensors: list[gguf.ReaderTensor], qtype: GGMLQuantizationType) -> gguf.ReaderTensor:
+    return next(t for t in tensors if t.tensor_type == qtype)
+
+
+def test_tensor_index_agrees_with_gguf_reader_on_the_smallest_model() -> None:
+    path = models_dir() / "smollm2-135m-instruct-q4_1.gguf"
+    if not path.is_file():
+        pytest.fail(f"model file {path} not found: run `specserve download` first")
+    ours = read_tensor_index(path)
+    theirs = GGUFReader(path).tensors
+    assert [(t.name, t.tensor_type, t.data_offset) for t in ours] == [
+        (t.name, t.tensor_type, t.data_offset) for t in theirs
+    ]
+
+
+@pytest.mark.parametrize("filename, qtype", REAL_CASES, ids=lambda v: getattr(v, "name", v))
+def test_real_model_rows_match_gguf_reference(
+    model_tensors: Callable[[str], list[gguf.ReaderTensor]], filename: str, qtype: GGMLQuantizationType
+) -> None:
+    tensor = first_tensor(model_tensors(filename), qtype)
+    raw = tensor.data[:REAL_ROWS]  # [rows, bytes per row]
+    shape = (raw.shape[0], int(tensor.shape[0]))
+    assert_matches_gguf(raw, qtype, shape)
+    weights = dequantize(raw, qtype, shape)
+    # Real weights: finite, modest and not all zero (a wrong offset would decode garbage).
+    assert torch.isfinite(weights).all() and weights.abs().max() < 100 and weights.abs().sum() > 0
+
+
+@pytest.mark.parametrize("filename", list(REAL_MODELS))
+def test_real_model_smallest_quantized_tensor_decodes_whole(
+    model_tensors: Callable[[str], list[gguf.ReaderTensor]], filename: str
+) -> None:
+    quantized = [t for t in model_tensors(filename) if t.tensor_type in QUANTIZED_TYPES]
+    tensor = min(quantized, key=lambda t: t.n_elements)
+    out = dequantize_tensor(tensor)
+    assert tuple(out.shape) == tuple(int(d) for d in reversed(tensor.shape))
+    reference = gguf.quants.dequantize(np.array(tensor.data), tensor.tensor_type)
+    np.testing.assert_array_equal(out.numpy(), reference.reshape(out.shape))
+
+
+def test_supported_types_cover_the_model_formats() -> None:
+    required = {Q.F32, Q.F16, Q.BF16, *QUANTIZED_TYPES}
+    assert SUPPORTED_TYPES == frozenset(required)
+
+
+def test_unsupported_type_is_rejected_by_name() -> None:
+    raw = np.zeros(84, dtype=np.uint8)  # one Q2_K block
+    with pytest.raises(ValueError, match=r"unsupported GGUF tensor type Q2_K for tensor blk\.0\.w"):
+        dequantize(raw, Q.Q2_K, (256,), name="blk.0.w")
+
+
+def test_dequantize_tensor_rejects_unsupported_type_with_tensor_name() -> None:
+    tensor = gguf.ReaderTensor(
+        name="blk.3.ffn_up.weight", tensor_type=Q.IQ2_XXS, shape=np.array([256, 1], dtype=np.uint64),
+        n_elements=256, n_bytes=66, data_offset=0, data=np.zeros((1, 66), dtype=np.uint8), field=None,
+    )
+    with pytest.raises(ValueError, match=r"IQ2_XXS for tensor blk\.3\.ffn_up\.weight"):
+        dequantize_tensor(tensor)
+
+
+def test_truncated_bytes_are_reported_with_expected_and_actual_counts() -> None:
+    raw = random_blocks(Q.Q4_K, rows=2, cols=256, seed=1).reshape(-1)[:-1]  # 287 of 288 bytes
+    with pytest.raises(ValueError, match=r"corrupt or truncated tensor w: .*needs 288 bytes, got 287"):
+        dequantize(raw, Q.Q4_K, (2, 256), name="w")
+
+
+def test_extra_bytes_are_rejected() -> None:
+    raw = np.zeros(8 * 4 + 4, dtype=np.uint8)
+    with pytest.raises(ValueError, match=r"needs 32 bytes, got 36"):
+        dequantize(raw, Q.F32, (2, 4))
+
+
+def test_row_length_not_a_multiple_of_the_block_size_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"last dimension 100 is not a multiple of the Q8_0 block size 32"):
+        dequantize(np.zeros(34 * 3, dtype=np.uint8), Q.Q8_0, (1, 100))
