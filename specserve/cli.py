@@ -181,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompt-file", default=None)
     p.set_defaults(func=cmd_demo)
+
+    from specserve.bench.cli import add_parser as add_bench
+
+    add_bench(sub)
     return parser
 
 

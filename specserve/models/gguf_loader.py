@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
-from gguf import GGUFReader, GGUFValueType
 
 from specserve.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
-from specserve.models.dequant import dequantize_tensor
+from specserve.models.dequant import dequantize
+from specserve.models.gguf_file import GGUFFile
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -35,26 +34,17 @@ _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
                  "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 
 
-def open_gguf(path: Path) -> GGUFReader:
+def open_gguf(path: Path) -> GGUFFile:
+    """Parse the header of a GGUF file; any unreadable file raises ValueError naming it."""
     try:
-        return GGUFReader(str(path), "r")
-    except Exception as e:  # the gguf package raises assorted errors on bad files
-        raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+        return GGUFFile(path)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read GGUF file ({e.strerror or e})") from e
 
 
-def read_metadata(reader: GGUFReader) -> dict:
+def read_metadata(gguf_file: GGUFFile) -> dict:
     """All key/value fields as Python values (strings, numbers, lists)."""
-    meta = {}
-    for key, field in reader.fields.items():
-        if not field.types:
-            continue
-        if field.types[0] == GGUFValueType.ARRAY and len(field.types) > 1 \
-                and field.types[1] != GGUFValueType.STRING:
-            meta[key] = np.concatenate([field.parts[i] for i in field.data]).tolist() \
-                if field.data else []
-        else:
-            meta[key] = field.contents()
-    return meta
+    return dict(gguf_file.metadata)
 
 
 def config_from_metadata(meta: dict, tensor_names: set[str], path: Path) -> ModelConfig:
@@ -108,16 +98,16 @@ def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict, dict[str, torch.Tensor]]:
     """Returns (config, metadata, weights with Hugging Face names in `dtype`)."""
-    reader = open_gguf(path)
-    meta = read_metadata(reader)
-    names = {t.name for t in reader.tensors}
+    gguf_file = open_gguf(path)
+    meta = read_metadata(gguf_file)
+    names = {t.name for t in gguf_file.tensors}
     cfg = config_from_metadata(meta, names, path)
     weights: dict[str, torch.Tensor] = {}
-    for tensor in reader.tensors:
+    for tensor in gguf_file.tensors:
         name = hf_name(tensor.name)
         if name is None:
             continue  # e.g. rope_freqs: not needed by this decoder
-        w = dequantize_tensor(tensor, name=tensor.name)
+        w = dequantize(gguf_file.raw(tensor), tensor.qtype, tensor.shape, name=tensor.name)
         if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             w = unpermute(w, cfg.num_heads)
         elif cfg.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):

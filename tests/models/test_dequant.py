@@ -65,16 +65,10 @@ def _skip_value(buf: mmap.mmap, pos: int, value_type: int) -> int:
     return pos
 
 
-def read_tensor_index(path: Path) -> list[gguf.ReaderTensor]:
-    """The tensors of a GGUF file, with memory-mapped data, skipping the metadata.
-
-    `GGUFReader` parses every metadata value (150k-token vocabularies) and takes 5-15 s a
-    file here; this reads only what locating tensor bytes needs (alignment, tensor infos).
-    """
-    with open(path, "rb") as f:
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+def _parse_header(buf: mmap.mmap) -> tuple[list, int, int]:
+    """(name, type, ne dims, offset) per tensor, end of the tensor infos, alignment."""
     magic, _version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
-    assert magic == b"GGUF", f"{path} is not a GGUF file"
+    assert magic == b"GGUF", "not a GGUF file"
     pos, alignment = 24, 32
     for _ in range(n_kv):
         key_len = struct.unpack_from("<Q", buf, pos)[0]
@@ -94,6 +88,17 @@ def read_tensor_index(path: Path) -> list[gguf.ReaderTensor]:
         qtype_value, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
         pos += 4 + 8 * n_dims + 12
         infos.append((name, GGMLQuantizationType(qtype_value), dims, offset))
+    return infos, pos, alignment
+
+
+def read_tensor_index(path: Path) -> list[gguf.ReaderTensor]:
+    """The tensors of a GGUF file, with memory-mapped data, skipping the metadata.
+
+    `GGUFReader` parses every metadata value (150k-token vocabularies) and takes 5-15 s a
+    file here; this reads only what locating tensor bytes needs (alignment, tensor infos).
+    """
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        infos, pos, alignment = _parse_header(buf)
     data_start = -(-pos // alignment) * alignment
     file_bytes = np.memmap(path, dtype=np.uint8, mode="r")
     tensors = []

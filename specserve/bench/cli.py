@@ -1,0 +1,112 @@
+"""`specserve bench`: run a suite, print its table as it goes, write JSON/Markdown/PNG."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from specserve.bench import peers, report, suites
+from specserve.bench.runner import Bench, BenchOptions, log, machine_info, summarize, workload_prompts
+from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
+DEFAULT_WORKLOADS = Path(__file__).resolve().parents[2].parent / "shared" / "workloads"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark suites: speed, acceptance and what was given up")
+    p.add_argument("--suite", default="seed-table", help=f"one of {sorted(suites.SUITES)}")
+    p.add_argument("--configs", default=None, help="JSON list of {name, spec, temperature, workloads} "
+                   "instead of a suite")
+    p.add_argument("--model", default=DEFAULT_TARGET)
+    p.add_argument("--draft-model", default=DEFAULT_DRAFT)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--workloads", nargs="*", default=None, help="restrict to these workload names")
+    p.add_argument("--workload-dir", type=Path, default=DEFAULT_WORKLOADS)
+    p.add_argument("--prompt-file", action="append", default=[], metavar="NAME=PATH",
+                   help="extra or replacement workload (repeatable)")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--no-bonus-rows", action="store_true", help="seed-table: skip the no-bonus rows")
+    p.add_argument("--no-quality", action="store_true", help="skip NLL scoring")
+    p.add_argument("--compare", action="append", default=[], choices=["transformers", "llama.cpp"])
+    p.add_argument("--out", type=Path, default=Path("bench-out"))
+    p.set_defaults(func=cmd_bench)
+
+
+def load_configs(args) -> list[suites.BenchConfig]:
+    if args.configs:
+        raw = json.loads(Path(args.configs).read_text() if Path(args.configs).exists() else args.configs)
+        configs = [suites.BenchConfig(c["name"], c.get("spec"), c.get("temperature", 0.0),
+                                      tuple(c.get("workloads", ["creative"]))) for c in raw]
+    elif args.suite == "seed-table":
+        configs = suites.seed_table(bonus=not args.no_bonus_rows)
+    else:
+        configs = suites.get_suite(args.suite)
+    extra = tuple(name for name, _ in (f.split("=", 1) for f in args.prompt_file))
+    if args.workloads or extra:
+        keep = tuple(args.workloads or ()) + extra
+        configs = [replace(c, workloads=tuple(w for w in keep if w in c.workloads or w in extra))
+                   for c in configs]
+    return configs
+
+
+def cmd_bench(args) -> int:
+    from tqdm import tqdm
+
+    from specserve.models.loader import load_model
+
+    configs = load_configs(args)
+    files = {name: Path(path) for name, path in (f.split("=", 1) for f in args.prompt_file)}
+    names = tuple(dict.fromkeys(w for c in configs for w in c.workloads))
+    prompts = workload_prompts(names, args.workload_dir, files)
+    options = BenchOptions(max_tokens=args.max_tokens, repeats=args.repeats, seeds=args.seeds,
+                           quality=not args.no_quality)
+    target = load_model(args.model, args.dtype)
+    needs_draft = any(c.spec and c.spec.get("method", "draft_model") == "draft_model" for c in configs)
+    draft = load_model(args.draft_model, args.dtype) if needs_draft or "transformers" in args.compare else None
+    log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s)"
+        + (f" and {draft.path.name} ({draft.load_seconds:.1f}s)" if draft else ""))
+    bench = Bench(target, draft, options)
+    records = []
+    with tqdm(total=bench.count_runs(configs, prompts), desc="bench", unit="run") as bar:
+        bench.progress = bar
+        for cfg in configs:
+            for w in cfg.workloads:
+                records += bench.run_config(cfg, w, prompts[w])
+                row = next(r for r in summarize(records) if r["config"] == cfg.name
+                           and r["workload"] == w and r["temperature"] == cfg.temperature)
+                bar.write(" | ".join(report.cell(row, k, f) for _, k, f in report.COLUMNS))
+    rows = summarize(records)
+    peer_rows = _peers(args, target, draft, bench, prompts, configs, options)
+    peers.attach_ratios(peer_rows, rows)
+    machine = machine_info(args.dtype)
+    suite = args.suite if not args.configs else "custom"
+    out = report.write_report(args.out, suite, machine, asdict(options), records, rows, peer_rows)
+    print(report.markdown_table(rows))
+    if peer_rows:
+        print()
+        print(report.peer_table(peer_rows))
+    log(f"# wrote {', '.join(str(p) for p in out.values())}")
+    return 0
+
+
+def _peers(args, target, draft, bench, prompts, configs, options) -> list[dict]:
+    rows = []
+    ids = {w: bench.prompt_ids(p) for w, p in prompts.items()}
+    temps = sorted({c.temperature for c in configs})
+    if "transformers" in args.compare:
+        log("# running transformers on the same GGUF weights ...")
+        rows += peers.run_transformers(target.path, draft.path if draft else None, args.dtype, ids,
+                                       temps, options.max_tokens, options.repeats, options.seeds)
+    if "llama.cpp" in args.compare:
+        try:
+            import torch
+
+            rows += peers.run_llama_cpp(target.path, ids, options.max_tokens, options.repeats,
+                                        torch.get_num_threads())
+        except ImportError:
+            log("# llama-cpp-python is not installed: skipping the llama.cpp comparison")
+    return rows

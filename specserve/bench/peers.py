@@ -1,0 +1,89 @@
+"""Peer engines on the same GGUF weights, dtype, prompts, token counts and seeds:
+Hugging Face `transformers` (target-only, assisted generation with the same draft, prompt
+lookup) and, where installed, `llama-cpp-python` (target-only, prompt lookup)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+# our configuration each peer configuration is compared with
+MATCHES = {"target only": "target only", "assisted (draft model)": "fixed 4",
+           "prompt lookup": "ngram k=4"}
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def run_transformers(target: Path, draft: Path | None, dtype: str, prompts: dict[str, list[int]],
+                     temperatures: list[float], max_tokens: int, repeats: int, seeds: int) -> list[dict]:
+    import transformers
+
+    torch_dtype = getattr(torch, dtype)
+
+    def load(path: Path):
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch_dtype).eval()
+
+    model = load(target)
+    assistant = load(draft) if draft is not None else None
+    modes = {"target only": {}, "prompt lookup": {"prompt_lookup_num_tokens": 4}}
+    if assistant is not None:
+        modes["assisted (draft model)"] = {"assistant_model": assistant}
+    rows = []
+    for workload, ids in prompts.items():
+        x = torch.tensor([ids])
+        for t in temperatures:
+            sample = {"do_sample": True, "temperature": t, "top_k": 0, "top_p": 1.0} if t > 0 else \
+                {"do_sample": False}
+            for mode, extra in modes.items():
+                def gen(n, seed=0):
+                    torch.manual_seed(seed)
+                    with torch.inference_mode():
+                        return model.generate(x, max_new_tokens=n, min_new_tokens=n, **sample, **extra)
+                gen(8)  # warm-up
+                ttft = statistics.median(_timed(lambda: gen(1)) for _ in range(2))
+                e2e = [_timed(lambda s=s: gen(max_tokens, s)) for s in range(seeds if t > 0 else 1)
+                       for _ in range(repeats)]
+                med = statistics.median(e2e)
+                rows.append({"engine": "transformers", "config": mode, "temperature": t,
+                             "workload": workload, "median_e2e_s": med, "ttft_s": ttft,
+                             "decode_tokens_per_s": (max_tokens - 1) / max(1e-9, med - ttft),
+                             "matches": MATCHES[mode]})
+    return rows
+
+
+def run_llama_cpp(target: Path, prompts: dict[str, list[int]], max_tokens: int, repeats: int,
+                  threads: int) -> list[dict]:
+    """llama.cpp through `llama-cpp-python` (optional): greedy target-only and prompt lookup."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    rows = []
+    for mode, extra in {"target only": {}, "prompt lookup": {
+            "draft_model": LlamaPromptLookupDecoding(num_pred_tokens=4)}}.items():
+        llm = Llama(model_path=str(target), n_ctx=4096, n_threads=threads, verbose=False, **extra)
+        for workload, ids in prompts.items():
+            def gen(n):
+                return llm.create_completion(ids, max_tokens=n, temperature=0.0, top_k=1)
+            gen(8)
+            ttft = statistics.median(_timed(lambda: gen(1)) for _ in range(2))
+            med = statistics.median(_timed(lambda: gen(max_tokens)) for _ in range(repeats))
+            rows.append({"engine": "llama.cpp", "config": mode, "temperature": 0.0,
+                         "workload": workload, "median_e2e_s": med, "ttft_s": ttft,
+                         "decode_tokens_per_s": (max_tokens - 1) / max(1e-9, med - ttft),
+                         "matches": MATCHES[mode]})
+    return rows
+
+
+def attach_ratios(peers: list[dict], ours: list[dict]) -> None:
+    for p in peers:
+        mine = next((r for r in ours if r["config"] == p["matches"] and r["workload"] == p["workload"]
+                     and r["temperature"] == p["temperature"]), None)
+        p["ours_over_theirs"] = (mine["decode_tokens_per_s"] / p["decode_tokens_per_s"]) if mine else None

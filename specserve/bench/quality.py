@@ -1,0 +1,34 @@
+"""What a lossy setting gave up: the target's negative log-likelihood of the generated text,
+and repetition (distinct-n). The realised TV per step comes from the speculative metrics."""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.models.transformer import ForwardBatch, Transformer
+
+
+def target_nll(model: Transformer, prompt_ids: list[int], output_ids: list[int]) -> float:
+    """Mean −log p_target(token | prefix) over `output_ids`, scored in one pass, raw logits (no
+    temperature or truncation)."""
+    if not output_ids:
+        return float("nan")
+    ids = list(prompt_ids) + list(output_ids)
+    cache = model.new_cache(num_slots=1, max_len=len(ids))
+    with torch.inference_mode():
+        (logits,) = model.forward(ForwardBatch.from_lists([ids[:-1]], [0], [0]), cache,
+                                  last_n=[len(output_ids)])  # [n_out, vocab]
+    return token_nll(logits, output_ids)
+
+
+def token_nll(logits: torch.Tensor, tokens: list[int]) -> float:
+    """Mean −log softmax(logits[i])[tokens[i]]; logits `[n, vocab]`."""
+    logp = torch.log_softmax(logits.double(), dim=-1)  # [n, vocab]
+    picked = logp[torch.arange(len(tokens)), torch.tensor(tokens)]  # [n]
+    return float(-picked.mean())
+
+
+def distinct_n(tokens: list, n: int) -> float:
+    """Unique n-grams / all n-grams (1.0 = no repetition); NaN when shorter than n."""
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else float("nan")

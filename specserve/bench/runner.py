@@ -1,0 +1,178 @@
+"""Runs benchmark configurations side by side in one process: target-only and speculative
+runs share the loaded weights and the machine state, so their ratio is what we report.
+
+Protocol (the seed's): one warm-up call per configuration, then `repeats` timed calls for each
+of `seeds` seeds, `max_tokens` new tokens with EOS ignored, prompts through the chat template.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specserve.bench.quality import distinct_n, target_nll
+from specserve.bench.suites import BenchConfig
+from specserve.llm import LLM
+from specserve.models.loader import LoadedModel
+from specserve.sampling.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    max_tokens: int = 256
+    repeats: int = 3
+    seeds: int = 3
+    warmup_tokens: int = 8
+    quality: bool = True  # score NLL of each distinct output with the target
+    chat: bool = True
+
+
+def workload_prompts(names: tuple[str, ...], directory: Path, files: dict[str, Path]) -> dict[str, str]:
+    prompts = {}
+    for name in names:
+        path = files.get(name) or directory / f"{name}.txt"
+        if not path.exists():
+            raise ValueError(f"workload {name!r}: no prompt file {path}")
+        prompts[name] = path.read_text()
+    return prompts
+
+
+def machine_info(dtype: str) -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "dtype": dtype, "python": platform.python_version(),
+            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+class Bench:
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None, options: BenchOptions,
+                 progress=None) -> None:
+        self.target, self.draft, self.opt = target, draft, options
+        self.progress = progress
+        self._nll_cache: dict[tuple, float] = {}
+
+    def prompt_ids(self, text: str) -> list[int]:
+        if self.opt.chat and self.target.tokenizer.chat_template:
+            text = self.target.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+        return self.target.tokenizer.encode(text)
+
+    def _llm(self, cfg: BenchConfig, prompt_len: int) -> LLM:
+        spec = None
+        if cfg.spec is not None:
+            spec = dict(cfg.spec)
+            if spec.get("method", "draft_model") == "draft_model":
+                spec["model"] = str(self.draft.path)
+        max_len = prompt_len + self.opt.max_tokens + 24
+        return LLM(self.target, draft=self.draft, speculative_config=spec, max_num_seqs=1,
+                   max_model_len=max_len)
+
+    def seeds_for(self, cfg: BenchConfig) -> list[int]:
+        # greedy output does not depend on the seed: one seed, same number of timed calls
+        return [0] if cfg.temperature == 0 else list(range(self.opt.seeds))
+
+    def run_config(self, cfg: BenchConfig, workload: str, prompt: str) -> list[dict]:
+        ids = self.prompt_ids(prompt)
+        llm = self._llm(cfg, len(ids))
+        warm = SamplingParams(temperature=cfg.temperature, max_tokens=self.opt.warmup_tokens,
+                              ignore_eos=True, seed=0)
+        llm.generate(ids, warm)
+        records = []
+        for seed in self.seeds_for(cfg):
+            for rep in range(self.opt.repeats):
+                params = SamplingParams(temperature=cfg.temperature, max_tokens=self.opt.max_tokens,
+                                        ignore_eos=True, seed=seed)
+                out = llm.generate(ids, params)[0].outputs[0]
+                records.append(self._record(cfg, workload, seed, rep, ids, out))
+                if self.progress is not None:
+                    self.progress.update(1)
+        return records
+
+    def _record(self, cfg, workload, seed, rep, ids, out) -> dict:
+        spec = out.spec.as_dict() if out.spec else None
+        rec = {"config": cfg.name, "temperature": cfg.temperature, "workload": workload,
+               "seed": seed, "repeat": rep, "e2e_s": out.e2e_time, "ttft_s": out.ttft,
+               "decode_tokens_per_s": out.decode_tokens_per_s, "output_tokens": out.num_output_tokens,
+               "speculative": spec, "distinct_2": distinct_n(out.token_ids, 2),
+               "distinct_3": distinct_n(out.token_ids, 3)}
+        if self.opt.quality:
+            key = (tuple(ids), tuple(out.token_ids))
+            if key not in self._nll_cache:
+                self._nll_cache[key] = target_nll(self.target.model, ids, out.token_ids)
+            rec["nll"] = self._nll_cache[key]
+        return rec
+
+    def count_runs(self, configs: list[BenchConfig], workloads: dict) -> int:
+        return sum(len(self.seeds_for(c)) * self.opt.repeats
+                   for c in configs for w in c.workloads if w in workloads)
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """One row per (config, temperature, workload), with speedups over the target-only row of
+    the same temperature and workload."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["config"], r["temperature"], r["workload"]), []).append(r)
+    rows = [_row(key, rs) for key, rs in groups.items()]
+    base = {(r["temperature"], r["workload"]): r for r in rows if r["config"] == "target only"}
+    for r in rows:
+        b = base.get((r["temperature"], r["workload"]))
+        r["speedup_decode"] = r["decode_tokens_per_s"] / b["decode_tokens_per_s"] if b else None
+        r["speedup_e2e"] = b["median_e2e_s"] / r["median_e2e_s"] if b else None
+    return rows
+
+
+def _row(key: tuple, rs: list[dict]) -> dict:
+    config, temperature, workload = key
+    e2e = sorted(r["e2e_s"] for r in rs)
+    specs = [r["speculative"] for r in rs if r["speculative"]]
+    drafted = sum(s["drafted"] for s in specs)
+    hist: Counter = Counter()
+    for s in specs:
+        hist.update({int(k): v for k, v in s["k_histogram"].items()})
+    tvs = [s["mean_tv"] for s in specs if s["mean_tv"] is not None]
+    return {
+        "config": config, "temperature": temperature, "workload": workload, "runs": len(rs),
+        "median_e2e_s": statistics.median(e2e), "e2e_q1_s": _quantile(e2e, 0.25),
+        "e2e_q3_s": _quantile(e2e, 0.75), "e2e_min_s": e2e[0], "e2e_max_s": e2e[-1],
+        "median_ttft_s": statistics.median(r["ttft_s"] for r in rs),
+        "decode_tokens_per_s": statistics.median(r["decode_tokens_per_s"] for r in rs),
+        "acceptance": sum(s["accepted"] for s in specs) / drafted if drafted else None,
+        "mean_acceptance_length": (sum(s["emitted"] for s in specs) / sum(s["rounds"] for s in specs)
+                                   if specs else None),
+        "rounds_per_request": statistics.mean(s["rounds"] for s in specs) if specs else None,
+        "k_histogram": dict(sorted(hist.items())) if specs else None,
+        "mean_tv": statistics.mean(tvs) if tvs else (0.0 if specs else None),
+        "nll": _mean_of(rs, "nll"), "distinct_2": _mean_of(rs, "distinct_2"),
+        "distinct_3": _mean_of(rs, "distinct_3"),
+    }
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _mean_of(rs: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rs if r.get(key) is not None]
+    return statistics.mean(values) if values else None
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
