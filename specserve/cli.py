@@ -34,6 +34,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_TARGET, help="alias, GGUF file or HF directory "
                    f"(default {DEFAULT_TARGET}; aliases: {', '.join(m.alias for m in MODELS)})")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--weights", default="bf16", choices=["bf16", "int8", "int4"],
+                   help="keep projections quantized in memory (int8/int4 need --dtype bfloat16)")
     p.add_argument("--max-model-len", type=int, default=4096)
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--speculative-config", default=None,
@@ -101,7 +103,7 @@ def cmd_generate(args) -> int:
     params = sampling_params(args)
     prompt = read_prompt(args)
     llm = LLM(args.model, dtype=args.dtype, speculative_config=speculative_config(args),
-              max_model_len=args.max_model_len)
+              max_model_len=args.max_model_len, weights=args.weights)
     print(f"# loaded {llm.target.path.name} in {llm.target.load_seconds:.1f}s", file=sys.stderr)
     if args.chat:
         outputs = llm.chat([{"role": "user", "content": prompt}], params)
@@ -138,8 +140,8 @@ def cmd_demo(args) -> int:
 
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     prompt = Path(args.prompt_file).read_text() if args.prompt_file else DEMO_PROMPT
-    target = load_model(args.model, args.dtype)
-    draft = load_model(args.draft_model, args.dtype)
+    target = load_model(args.model, args.dtype, args.weights)
+    draft = load_model(args.draft_model, args.dtype, args.weights)
     print(f"# target {target.path.name} loaded in {target.load_seconds:.1f}s; "
           f"draft {draft.path.name} in {draft.load_seconds:.1f}s", file=sys.stderr)
     messages = [{"role": "user", "content": prompt}]
@@ -177,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_TARGET)
     p.add_argument("--draft-model", default=DEFAULT_DRAFT)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--weights", default="bf16", choices=["bf16", "int8", "int4"])
     p.add_argument("--num-speculative-tokens", "-k", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompt-file", default=None)

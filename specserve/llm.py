@@ -25,9 +25,10 @@ class LLM:
     def __init__(self, model: str | Path | LoadedModel = DEFAULT_TARGET, dtype: str = "bfloat16",
                  speculative_config: dict | SpeculativeConfig | None = None,
                  max_num_seqs: int = 8, max_model_len: int = 4096,
-                 draft: LoadedModel | None = None) -> None:
+                 draft: LoadedModel | None = None, weights: str = "bf16") -> None:
         self.spec = SpeculativeConfig.from_dict(speculative_config)
-        self.target = model if isinstance(model, LoadedModel) else load_model(model, dtype)
+        self.weights = weights
+        self.target = model if isinstance(model, LoadedModel) else load_model(model, dtype, weights)
         max_len = min(max_model_len, self.target.config.max_position)
         config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_len)
         self.draft = draft
@@ -45,7 +46,7 @@ class LLM:
             return NgramDrafter(spec.num_speculative_tokens if spec.num_speculative_tokens >= 0
                                 else spec.max_k, spec.prompt_lookup_max, spec.prompt_lookup_min)
         if self.draft is None:
-            self.draft = load_model(spec.model, spec.draft_dtype or dtype)
+            self.draft = load_model(spec.model, spec.draft_dtype or dtype, self.weights)
         check_same_vocabulary(self.target.tokenizer, self.draft.tokenizer)
         runner = ModelRunner(self.draft.model, config.max_num_seqs, config.max_model_len)
         return DraftModelDrafter(runner, self.target.config.vocab_size)

@@ -22,6 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=DEFAULT_TARGET)
     p.add_argument("--draft-model", default=DEFAULT_DRAFT)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--weights", default="bf16", choices=["bf16", "int8", "int4"])
     p.add_argument("--workloads", nargs="*", default=None, help="restrict to these workload names")
     p.add_argument("--workload-dir", type=Path, default=DEFAULT_WORKLOADS)
     p.add_argument("--prompt-file", action="append", default=[], metavar="NAME=PATH",
@@ -32,6 +33,10 @@ def add_parser(sub) -> None:
     p.add_argument("--no-bonus-rows", action="store_true", help="seed-table: skip the no-bonus rows")
     p.add_argument("--no-quality", action="store_true", help="skip NLL scoring")
     p.add_argument("--compare", action="append", default=[], choices=["transformers", "llama.cpp"])
+    p.add_argument("--no-assisted", action="store_true",
+                   help="--compare transformers: skip assisted generation (no draft model)")
+    p.add_argument("--verify-cost", type=int, default=0, metavar="MAX_K",
+                   help="also measure T_verify(k)/T_decode for k = 1..MAX_K on the target")
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     p.set_defaults(func=cmd_bench)
 
@@ -64,12 +69,14 @@ def cmd_bench(args) -> int:
     prompts = workload_prompts(names, args.workload_dir, files)
     options = BenchOptions(max_tokens=args.max_tokens, repeats=args.repeats, seeds=args.seeds,
                            quality=not args.no_quality)
-    target = load_model(args.model, args.dtype)
+    target = load_model(args.model, args.dtype, args.weights)
     needs_draft = any(c.spec and c.spec.get("method", "draft_model") == "draft_model" for c in configs)
-    draft = load_model(args.draft_model, args.dtype) if needs_draft or "transformers" in args.compare else None
+    wants_draft = needs_draft or ("transformers" in args.compare and not args.no_assisted)
+    draft = load_model(args.draft_model, args.dtype, args.weights) if wants_draft else None
     log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s)"
         + (f" and {draft.path.name} ({draft.load_seconds:.1f}s)" if draft else ""))
     bench = Bench(target, draft, options)
+    verify = _verify_cost(args, target)
     records = []
     with tqdm(total=bench.count_runs(configs, prompts), desc="bench", unit="run") as bar:
         bench.progress = bar
@@ -83,7 +90,11 @@ def cmd_bench(args) -> int:
     peer_rows = _peers(args, target, draft, bench, prompts, configs, options)
     peers.attach_ratios(peer_rows, rows)
     machine = machine_info(args.dtype)
+    machine["weights"] = args.weights
+    machine["target_load_s"] = target.load_seconds
+    machine["draft_load_s"] = draft.load_seconds if draft else None
     suite = args.suite if not args.configs else "custom"
+    machine["verify_cost_s"] = verify
     out = report.write_report(args.out, suite, machine, asdict(options), records, rows, peer_rows)
     print(report.markdown_table(rows))
     if peer_rows:
@@ -91,6 +102,17 @@ def cmd_bench(args) -> int:
         print(report.peer_table(peer_rows))
     log(f"# wrote {', '.join(str(p) for p in out.values())}")
     return 0
+
+
+def _verify_cost(args, target) -> dict | None:
+    if not args.verify_cost:
+        return None
+    from specserve.bench.verify_cost import format_verify_cost, verify_cost
+    from specserve.engine.runner import ModelRunner
+
+    times = verify_cost(ModelRunner(target.model, 1, 512), list(range(1, args.verify_cost + 1)))
+    print(format_verify_cost(times))
+    return times
 
 
 def _peers(args, target, draft, bench, prompts, configs, options) -> list[dict]:

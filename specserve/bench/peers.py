@@ -31,7 +31,9 @@ def run_transformers(target: Path, draft: Path | None, dtype: str, prompts: dict
         return transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch_dtype).eval()
 
+    start = time.perf_counter()
     model = load(target)
+    load_s = time.perf_counter() - start
     assistant = load(draft) if draft is not None else None
     modes = {"target only": {}, "prompt lookup": {"prompt_lookup_num_tokens": 4}}
     if assistant is not None:
@@ -55,7 +57,7 @@ def run_transformers(target: Path, draft: Path | None, dtype: str, prompts: dict
                 rows.append({"engine": "transformers", "config": mode, "temperature": t,
                              "workload": workload, "median_e2e_s": med, "ttft_s": ttft,
                              "decode_tokens_per_s": (max_tokens - 1) / max(1e-9, med - ttft),
-                             "matches": MATCHES[mode]})
+                             "matches": MATCHES[mode], "load_s": load_s})
     return rows
 
 

@@ -37,11 +37,13 @@ def markdown_table(rows: list[dict]) -> str:
 def peer_table(rows: list[dict]) -> str:
     if not rows:
         return ""
-    head = "| engine | config | T | workload | decode tok/s | E2E median s | ours/theirs (decode) |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    head = ("| engine | config | T | workload | load s | TTFT s | decode tok/s | E2E median s "
+            "| ours/theirs (decode) |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ratio = r.get("ours_over_theirs")
         lines.append(f"| {r['engine']} | {r['config']} | {r['temperature']:g} | {r['workload']} | "
+                     f"{r.get('load_s') or 0:.1f} | {r['ttft_s']:.2f} | "
                      f"{r['decode_tokens_per_s']:.2f} | {r['median_e2e_s']:.2f} | "
                      f"{'—' if ratio is None else f'{ratio:.2f}x'} |")
     return "\n".join(lines)
@@ -64,6 +66,11 @@ def write_report(out_dir: Path, suite: str, machine: dict, options: dict, record
           "target-only median E2E over this median E2E. NLL = the target's mean negative "
           "log-likelihood per generated token; mean TV = realised TV(π, p) per verified draft "
           "position.", "", markdown_table(rows), ""]
+    if machine.get("verify_cost_s"):
+        from specserve.bench.verify_cost import format_verify_cost
+
+        times = {int(k): v for k, v in machine["verify_cost_s"].items()}
+        md += ["## Verify-pass cost on the target", "", format_verify_cost(times), ""]
     if peers:
         md += ["## Peer comparison", "", peer_table(peers), ""]
     md += [f"![{name}]({path.name})" for name, path in files.items() if path.suffix == ".png"]

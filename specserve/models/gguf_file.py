@@ -143,9 +143,8 @@ class GGUFFile:
         self.path = Path(path)
         with open(self.path, "rb") as f:
             self.file_size = os.fstat(f.fileno()).st_size
-            _check_preamble(f.read(_PREAMBLE.size), self.path)
+            self.version = _check_preamble(f.read(_PREAMBLE.size), self.path)
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                self.version = _U32.unpack_from(buf, 4)[0]
                 self.metadata, infos, header_end = _parse_header(buf, self.path)
         self.alignment = _alignment(self.metadata, self.path)
         self.data_start = -(-header_end // self.alignment) * self.alignment
@@ -176,7 +175,8 @@ class GGUFFile:
         return GGUFTensor(name, tuple(reversed(dims)), qtype, start, nbytes)
 
 
-def _check_preamble(head: bytes, path: Path) -> None:
+def _check_preamble(head: bytes, path: Path) -> int:
+    """The file's GGUF version, once its magic and version are known good."""
     if head[:4] != MAGIC:
         raise ValueError(f"{path}: not a GGUF file (magic {head[:4]!r}, expected {MAGIC!r})")
     if len(head) < _PREAMBLE.size:
@@ -186,6 +186,7 @@ def _check_preamble(head: bytes, path: Path) -> None:
         hint = " (a big-endian file?)" if version & 0xFFFF == 0 else ""
         raise ValueError(f"{path}: unsupported GGUF version {version}{hint}; "
                          f"supported: {', '.join(map(str, SUPPORTED_VERSIONS))}")
+    return version
 
 
 def _parse_header(buf: mmap.mmap, path: Path) -> tuple[dict[str, Any], list[tuple], int]:

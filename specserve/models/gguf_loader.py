@@ -3,7 +3,8 @@
 llama.cpp's converter permutes the rows of `llama` Q/K projections so that rotary pairs sit
 next to each other; we undo it so one rotate-half decoder serves both architectures. `qwen2`
 files are not permuted and carry q/k/v biases. Tensors are dequantized one at a time into the
-target dtype, so peak memory stays near the final model size.
+target dtype straight from the file's memory map (`gguf_file.GGUFFile`), so peak memory stays
+near the final model size.
 """
 
 from __future__ import annotations
@@ -107,7 +108,10 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict, dict[s
         name = hf_name(tensor.name)
         if name is None:
             continue  # e.g. rope_freqs: not needed by this decoder
-        w = dequantize(gguf_file.raw(tensor), tensor.qtype, tensor.shape, name=tensor.name)
+        try:
+            w = dequantize(gguf_file.raw(tensor), tensor.qtype, tensor.shape, name=tensor.name)
+        except ValueError as e:  # e.g. a quantization type the decoder does not support
+            raise ValueError(f"{path}: {e}") from e
         if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             w = unpermute(w, cfg.num_heads)
         elif cfg.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):

@@ -13,6 +13,7 @@ import torch
 from specserve.models import tokenizer as tok
 from specserve.models.config import ModelConfig
 from specserve.models.gguf_loader import load_gguf
+from specserve.models.quant import FORMATS, quantize_linears
 from specserve.models.hf_loader import load_hf_dir
 from specserve.models.registry import resolve_model
 from specserve.models.transformer import Transformer
@@ -28,6 +29,7 @@ class LoadedModel:
     config: ModelConfig
     path: Path
     load_seconds: float
+    weights: str = "bf16"  # "bf16" (the dtype as loaded) | "int8" | "int4"
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -38,20 +40,26 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def load_model(name: str | Path, dtype: str | torch.dtype = "bfloat16") -> LoadedModel:
+def load_model(name: str | Path, dtype: str | torch.dtype = "bfloat16",
+               weights: str = "bf16") -> LoadedModel:
+    """`weights="int8"|"int4"` keeps the projections quantized in memory (bfloat16 activations)."""
     torch_dtype = parse_dtype(dtype)
+    if weights not in FORMATS:
+        raise ValueError(f"weights must be one of {FORMATS}, got {weights!r}")
     path = resolve_model(str(name))
     start = time.perf_counter()
     if path.is_dir():
-        cfg, raw, weights = load_hf_dir(path, torch_dtype)
+        cfg, raw, tensors = load_hf_dir(path, torch_dtype)
         tokenizer = tok.from_hf_dir(path, _eos_ids(path, raw))
     elif path.suffix == ".gguf" or path.is_file():
-        cfg, meta, weights = load_gguf(path, torch_dtype)
+        cfg, meta, tensors = load_gguf(path, torch_dtype)
         tokenizer = tok.from_gguf_metadata(meta)
     else:
         raise ValueError(f"{path}: neither a GGUF file nor a Hugging Face directory")
-    model = Transformer(cfg, weights)
-    return LoadedModel(model, tokenizer, cfg, path, time.perf_counter() - start)
+    model = Transformer(cfg, tensors)
+    del tensors
+    quantize_linears(model, weights)
+    return LoadedModel(model, tokenizer, cfg, path, time.perf_counter() - start, weights)
 
 
 def _eos_ids(path: Path, raw: dict) -> list[int]:

@@ -55,6 +55,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+# From this many rows on, a bfloat16 matmul is computed in float32: CPUs without native
+# bfloat16 (AVX2) run bf16 GEMMs ~10x slower than converting the weight and calling sgemm.
+FLOAT32_GEMM_ROWS = 32
+
+
 class Linear:
     """A weight (and optional bias) applied as `x @ W.T + b`; quantized formats replace it."""
 
@@ -63,7 +68,11 @@ class Linear:
         self.bias = bias  # [out] | None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        w = self.weight
+        if w.dtype == torch.bfloat16 and x.numel() >= FLOAT32_GEMM_ROWS * x.shape[-1]:
+            b = self.bias.float() if self.bias is not None else None
+            return F.linear(x.float(), w.float(), b).to(x.dtype)
+        return F.linear(x, w, self.bias)
 
 
 class Layer:

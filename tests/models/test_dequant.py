@@ -6,9 +6,7 @@ finite); real blocks come from the model files that `specserve download` puts in
 
 from __future__ import annotations
 
-import mmap
 import os
-import struct
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +18,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
 
 from specserve.models import dequant
 from specserve.models.dequant import SUPPORTED_TYPES, dequantize, dequantize_tensor
+from specserve.models.gguf_file import GGUFFile, GGUFTensor
 
 Q = GGMLQuantizationType
 QUANTIZED_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -45,89 +44,27 @@ def models_dir() -> Path:
     return Path(cache).expanduser() / "models"
 
 
-# GGUF metadata value types of fixed size (bytes); 8 is a string, 9 an array.
-_GGUF_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
-def _skip_value(buf: mmap.mmap, pos: int, value_type: int) -> int:
-    """Position just past one metadata value of `value_type` starting at `pos`."""
-    if value_type in _GGUF_SCALAR_SIZES:
-        return pos + _GGUF_SCALAR_SIZES[value_type]
-    if value_type == 8:
-        return pos + 8 + struct.unpack_from("<Q", buf, pos)[0]
-    assert value_type == 9, f"unknown GGUF value type {value_type}"
-    item_type, count = struct.unpack_from("<IQ", buf, pos)
-    pos += 12
-    if item_type in _GGUF_SCALAR_SIZES:
-        return pos + count * _GGUF_SCALAR_SIZES[item_type]
-    for _ in range(count):
-        pos = _skip_value(buf, pos, item_type)
-    return pos
-
-
-def _parse_header(buf: mmap.mmap) -> tuple[list, int, int]:
-    """(name, type, ne dims, offset) per tensor, end of the tensor infos, alignment."""
-    magic, _version, n_tensors, n_kv = struct.unpack_from("<4sIQQ", buf, 0)
-    assert magic == b"GGUF", "not a GGUF file"
-    pos, alignment = 24, 32
-    for _ in range(n_kv):
-        key_len = struct.unpack_from("<Q", buf, pos)[0]
-        key = bytes(buf[pos + 8 : pos + 8 + key_len])
-        (value_type,) = struct.unpack_from("<I", buf, pos + 8 + key_len)
-        pos += 12 + key_len
-        if key == b"general.alignment":
-            (alignment,) = struct.unpack_from("<I", buf, pos)
-        pos = _skip_value(buf, pos, value_type)
-    infos = []
-    for _ in range(n_tensors):
-        name_len = struct.unpack_from("<Q", buf, pos)[0]
-        name = bytes(buf[pos + 8 : pos + 8 + name_len]).decode()
-        pos += 8 + name_len
-        (n_dims,) = struct.unpack_from("<I", buf, pos)
-        dims = np.array(struct.unpack_from(f"<{n_dims}Q", buf, pos + 4), dtype=np.uint64)
-        qtype_value, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
-        pos += 4 + 8 * n_dims + 12
-        infos.append((name, GGMLQuantizationType(qtype_value), dims, offset))
-    return infos, pos, alignment
-
-
-def read_tensor_index(path: Path) -> list[gguf.ReaderTensor]:
-    """The tensors of a GGUF file, with memory-mapped data, skipping the metadata.
-
-    `GGUFReader` parses every metadata value (150k-token vocabularies) and takes 5-15 s a
-    file here; this reads only what locating tensor bytes needs (alignment, tensor infos).
-    """
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        infos, pos, alignment = _parse_header(buf)
-    data_start = -(-pos // alignment) * alignment
-    file_bytes = np.memmap(path, dtype=np.uint8, mode="r")
-    tensors = []
-    for name, qtype, dims, offset in infos:
-        block_size, type_size = GGML_QUANT_SIZES[qtype]
-        n_elements = int(np.prod(dims))
-        n_bytes = n_elements // block_size * type_size
-        start = data_start + offset
-        row_bytes = int(dims[0]) // block_size * type_size
-        data = file_bytes[start : start + n_bytes].reshape(-1, row_bytes)  # [rows, bytes per row]
-        tensors.append(gguf.ReaderTensor(name, qtype, dims, n_elements, n_bytes, start, data, None))
-    return tensors
-
-
 @pytest.fixture(scope="module")
-def model_tensors() -> Callable[[str], list[gguf.ReaderTensor]]:
-    """Tensor index of a cached model file (read once per module); fails, never skips,
-    when the file is absent."""
-    indexes: dict[str, list[gguf.ReaderTensor]] = {}
+def model_file() -> Callable[[str], GGUFFile]:
+    """A cached model file, its header parsed once per module; fails, never skips, when the
+    file is absent."""
+    files: dict[str, GGUFFile] = {}
 
-    def index(filename: str) -> list[gguf.ReaderTensor]:
+    def open_file(filename: str) -> GGUFFile:
         path = models_dir() / filename
         if not path.is_file():
             pytest.fail(f"model file {path} not found: run `specserve download` first")
-        if filename not in indexes:
-            indexes[filename] = read_tensor_index(path)
-        return indexes[filename]
+        if filename not in files:
+            files[filename] = GGUFFile(path)
+        return files[filename]
 
-    return index
+    return open_file
+
+
+def tensor_rows(gguf_file: GGUFFile, tensor: GGUFTensor) -> np.ndarray:
+    """The tensor's bytes as [rows, bytes per row] (a view of the file)."""
+    block_size, type_size = GGML_QUANT_SIZES[tensor.qtype]
+    return gguf_file.raw(tensor).reshape(-1, tensor.shape[-1] // block_size * type_size)
 
 
 def random_blocks(qtype: GGMLQuantizationType, rows: int, cols: int, seed: int) -> np.ndarray:
@@ -230,28 +167,18 @@ def test_dequantize_tensor_reads_type_and_shape_from_a_gguf_file(tmp_path: Path)
     np.testing.assert_array_equal(q8.numpy(), gguf.quants.dequantize(q8_bytes, Q.Q8_0))
 
 
-def first_tensor(tensors: list[gguf.ReaderTensor], qtype: GGMLQuantizationType) -> gguf.ReaderTensor:
-    return next(t for t in tensors if t.tensor_type == qtype)
-
-
-def test_tensor_index_agrees_with_gguf_reader_on_the_smallest_model() -> None:
-    path = models_dir() / "smollm2-135m-instruct-q4_1.gguf"
-    if not path.is_file():
-        pytest.fail(f"model file {path} not found: run `specserve download` first")
-    ours = read_tensor_index(path)
-    theirs = GGUFReader(path).tensors
-    assert [(t.name, t.tensor_type, t.data_offset) for t in ours] == [
-        (t.name, t.tensor_type, t.data_offset) for t in theirs
-    ]
+def first_tensor(gguf_file: GGUFFile, qtype: GGMLQuantizationType) -> GGUFTensor:
+    return next(t for t in gguf_file.tensors if t.qtype == qtype)
 
 
 @pytest.mark.parametrize("filename, qtype", REAL_CASES, ids=lambda v: getattr(v, "name", v))
 def test_real_model_rows_match_gguf_reference(
-    model_tensors: Callable[[str], list[gguf.ReaderTensor]], filename: str, qtype: GGMLQuantizationType
+    model_file: Callable[[str], GGUFFile], filename: str, qtype: GGMLQuantizationType
 ) -> None:
-    tensor = first_tensor(model_tensors(filename), qtype)
-    raw = tensor.data[:REAL_ROWS]  # [rows, bytes per row]
-    shape = (raw.shape[0], int(tensor.shape[0]))
+    gguf_file = model_file(filename)
+    tensor = first_tensor(gguf_file, qtype)
+    raw = tensor_rows(gguf_file, tensor)[:REAL_ROWS]  # [rows, bytes per row]
+    shape = (raw.shape[0], tensor.shape[-1])
     assert_matches_gguf(raw, qtype, shape)
     weights = dequantize(raw, qtype, shape)
     # Real weights: finite, modest and not all zero (a wrong offset would decode garbage).
@@ -260,13 +187,14 @@ def test_real_model_rows_match_gguf_reference(
 
 @pytest.mark.parametrize("filename", list(REAL_MODELS))
 def test_real_model_smallest_quantized_tensor_decodes_whole(
-    model_tensors: Callable[[str], list[gguf.ReaderTensor]], filename: str
+    model_file: Callable[[str], GGUFFile], filename: str
 ) -> None:
-    quantized = [t for t in model_tensors(filename) if t.tensor_type in QUANTIZED_TYPES]
-    tensor = min(quantized, key=lambda t: t.n_elements)
-    out = dequantize_tensor(tensor)
-    assert tuple(out.shape) == tuple(int(d) for d in reversed(tensor.shape))
-    reference = gguf.quants.dequantize(np.array(tensor.data), tensor.tensor_type)
+    gguf_file = model_file(filename)
+    quantized = [t for t in gguf_file.tensors if t.qtype in QUANTIZED_TYPES]
+    tensor = min(quantized, key=lambda t: t.nbytes)
+    out = dequantize(gguf_file.raw(tensor), tensor.qtype, tensor.shape, name=tensor.name)
+    assert tuple(out.shape) == tensor.shape
+    reference = gguf.quants.dequantize(np.array(tensor_rows(gguf_file, tensor)), tensor.qtype)
     np.testing.assert_array_equal(out.numpy(), reference.reshape(out.shape))
 
 
