@@ -45,20 +45,57 @@ def run_transformers(target: Path, draft: Path | None, dtype: str, prompts: dict
             sample = {"do_sample": True, "temperature": t, "top_k": 0, "top_p": 1.0} if t > 0 else \
                 {"do_sample": False}
             for mode, extra in modes.items():
-                def gen(n, seed=0):
+                def gen(inputs, n, seed=0, streamer=None):
                     torch.manual_seed(seed)
                     with torch.inference_mode():
-                        return model.generate(x, max_new_tokens=n, min_new_tokens=n, **sample, **extra)
-                gen(8)  # warm-up
-                ttft = statistics.median(_timed(lambda: gen(1)) for _ in range(2))
-                e2e = [_timed(lambda s=s: gen(max_tokens, s)) for s in range(seeds if t > 0 else 1)
-                       for _ in range(repeats)]
-                med = statistics.median(e2e)
+                        return model.generate(inputs, max_new_tokens=n, min_new_tokens=n,
+                                              streamer=streamer, **sample, **extra)
+                gen(x[:, :16], 4)  # warm-up on a short prefix
+                clocks = []
+                for s in range(seeds if t > 0 else 1):
+                    for _ in range(repeats):
+                        clocks.append(_Clock())
+                        gen(x, max_tokens, s, clocks[-1])
                 rows.append({"engine": "transformers", "config": mode, "temperature": t,
-                             "workload": workload, "median_e2e_s": med, "ttft_s": ttft,
-                             "decode_tokens_per_s": (max_tokens - 1) / max(1e-9, med - ttft),
+                             "workload": workload,
+                             "median_e2e_s": statistics.median(c.e2e for c in clocks),
+                             "ttft_s": statistics.median(c.ttft for c in clocks),
+                             "decode_tokens_per_s": statistics.median(c.decode_rate for c in clocks),
                              "matches": MATCHES[mode], "load_s": load_s})
     return rows
+
+
+class _Clock:
+    """A `transformers` streamer that notes when each token arrives (the first `put` is the
+    prompt)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.times: list[float] = []
+        self.tokens = 0
+        self._prompt_seen = False
+
+    def put(self, value) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+        self.tokens += value.numel()
+
+    def end(self) -> None:
+        self.stop = time.perf_counter()
+
+    @property
+    def ttft(self) -> float:
+        return self.times[0] - self.start
+
+    @property
+    def e2e(self) -> float:
+        return self.stop - self.start
+
+    @property
+    def decode_rate(self) -> float:
+        return (self.tokens - 1) / max(1e-9, self.times[-1] - self.times[0])
 
 
 def run_llama_cpp(target: Path, prompts: dict[str, list[int]], max_tokens: int, repeats: int,
