@@ -25,6 +25,9 @@ from specserve.models.loader import LoadedModel
 from specserve.sampling.params import SamplingParams
 
 
+WARMUP_PROMPT_TOKENS = 32
+
+
 @dataclass(frozen=True)
 class BenchOptions:
     max_tokens: int = 256
@@ -90,7 +93,7 @@ class Bench:
         llm = self._llm(cfg, len(ids))
         warm = SamplingParams(temperature=cfg.temperature, max_tokens=self.opt.warmup_tokens,
                               ignore_eos=True, seed=0)
-        llm.generate(ids, warm)
+        llm.generate(ids[:WARMUP_PROMPT_TOKENS], warm)  # kernels and allocations, not a full prefill
         records = []
         for seed in self.seeds_for(cfg):
             for rep in range(self.opt.repeats):

@@ -105,3 +105,21 @@ def test_padded_vocabulary_of_same_tokenizer_is_accepted(models, tmp_path):
     out = llm.generate(PROMPT, greedy(12))[0].outputs[0]
     plain = LLM(target).generate(PROMPT, greedy(12))[0].outputs[0]
     assert out.token_ids == plain.token_ids
+
+
+def test_ngram_greedy_equals_target_only(models):
+    target, _ = models
+    prompt = PROMPT * 4  # repeated text gives prompt lookup something to find
+    plain = LLM(target).generate(prompt, greedy(40))[0].outputs[0]
+    fast = LLM(target, speculative_config={"method": "ngram", "num_speculative_tokens": 3}).generate(
+        prompt, greedy(40))[0].outputs[0]
+    assert fast.token_ids == plain.token_ids
+    assert fast.spec.drafted > 0
+
+
+def test_cost_aware_greedy_equals_target_only(models):
+    target, draft = models
+    plain = LLM(target).generate(PROMPT, greedy(40))[0].outputs[0]
+    fast = LLM(target, draft=draft, speculative_config=spec(-1)).generate(PROMPT, greedy(40))[0].outputs[0]
+    assert fast.token_ids == plain.token_ids
+    assert sum(fast.spec.k_histogram.values()) == fast.spec.rounds
