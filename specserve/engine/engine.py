@@ -117,13 +117,12 @@ class LLMEngine:
             seq.slot = self.runner.cache.allocate()
         logits = self.runner.forward([s.prompt_ids for s in seqs], [0] * len(seqs),
                                      [s.slot for s in seqs], [1] * len(seqs))
-        now = time.perf_counter()
         for seq, lg in zip(seqs, logits):
             seq.num_cached = seq.prompt_len
-            seq.first_token_time = now
             self._append(seq, self._sample_round(seq, EMPTY, lg).tokens, lg)
             if self.drafter is not None and not seq.finished:
                 self.drafter.start(seq)
+            seq.first_token_time = time.perf_counter()
 
     def _round(self, seqs: list[Sequence]) -> None:
         ks = [self._choose_k(s, len(seqs)) for s in seqs]

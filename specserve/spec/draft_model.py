@@ -34,7 +34,12 @@ class DraftModelDrafter:
         self._seqs: dict[int, _DraftSeq] = {}
 
     def start(self, seq: Sequence) -> None:
-        self._seqs[seq.seq_id] = _DraftSeq(self.runner.cache.allocate())
+        """Allocate a slot and prefill the prompt now, as part of the request's time to first
+        token (like the target's prefill), not inside its first decoding round."""
+        state = _DraftSeq(self.runner.cache.allocate())
+        self._seqs[seq.seq_id] = state
+        self.runner.forward([seq.prompt_ids], [0], [state.slot], [1])
+        state.num_cached = seq.prompt_len
 
     def finish(self, seq: Sequence) -> None:
         state = self._seqs.pop(seq.seq_id, None)
