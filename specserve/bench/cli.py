@@ -43,7 +43,10 @@ def add_parser(sub) -> None:
 
 def load_configs(args) -> list[suites.BenchConfig]:
     if args.configs:
-        raw = json.loads(Path(args.configs).read_text() if Path(args.configs).exists() else args.configs)
+        text = args.configs
+        if not text.lstrip().startswith("["):  # a file holding the JSON list
+            text = Path(text).read_text()
+        raw = json.loads(text)
         configs = [suites.BenchConfig(c["name"], c.get("spec"), c.get("temperature", 0.0),
                                       tuple(c.get("workloads", ["creative"]))) for c in raw]
     elif args.suite == "seed-table":
