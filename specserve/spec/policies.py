@@ -48,6 +48,12 @@ def _record(histogram: Counter[int], k: int) -> int:
     return k
 
 
+def _step_k(policy, proposed: int, step) -> None:
+    """Move `policy.k` by `step()` within [min_k, max_k]; rounds that proposed nothing are ignored."""
+    if proposed > 0:
+        policy.k = min(policy.max_k, max(policy.min_k, policy.k + step()))
+
+
 def _check_bounds(start_k: int, min_k: int, max_k: int) -> None:
     if min_k < 0:
         raise ValueError(f"min_k must be >= 0, got {min_k}")
@@ -98,11 +104,8 @@ class AcceptanceRatePolicy:
         return _record(self.histogram, min(self.k, max_k))
 
     def observe(self, proposed: int, accepted: int) -> None:
-        if proposed <= 0:
-            return
-        rate = accepted / proposed
-        step = 1 if rate >= self.high else -1 if rate < self.low else 0
-        self.k = min(self.max_k, max(self.min_k, self.k + step))
+        _step_k(self, proposed, lambda: 1 if accepted / proposed >= self.high
+                else -1 if accepted / proposed < self.low else 0)
 
 
 class AcceptedLengthPolicy:
@@ -152,10 +155,7 @@ class HeuristicPolicy:
         return _record(self.histogram, min(self.k, max_k))
 
     def observe(self, proposed: int, accepted: int) -> None:
-        if proposed <= 0:
-            return
-        step = 2 if accepted >= proposed else -1
-        self.k = min(self.max_k, max(self.min_k, self.k + step))
+        _step_k(self, proposed, lambda: 2 if accepted >= proposed else -1)
 
 
 class CostModel:
