@@ -3,7 +3,6 @@ model interface (`cfg.vocab_size`, `new_cache`, `forward`)."""
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -93,10 +92,6 @@ def exact_continuations(P: torch.Tensor, Q: torch.Tensor, first: int, n: int, k:
     total = sum(law.values())
     assert abs(total - 1) < 1e-9, total
     return law
-
-
-def all_sequences(vocab: int, n: int):
-    return list(itertools.product(range(vocab), repeat=n))
 
 
 class ToyTokenizer:
