@@ -223,9 +223,8 @@ class LLMEngine:
             self.metrics.total.merge(seq.metrics)
         done = {s.request_id for s in finished}
         outputs = []
-        for rid in sorted(done, key=lambda r: list(self._requests).index(r)):
-            req = self._requests[rid]
-            if all(s.finished for s in req.seqs):
+        for rid, req in list(self._requests.items()):  # arrival order
+            if rid in done and all(s.finished for s in req.seqs):
                 outputs.append(self._request_output(rid, req))
                 del self._requests[rid]
         return outputs

@@ -13,7 +13,7 @@ import torch
 
 from specserve.engine.runner import ModelRunner
 from specserve.engine.sequence import Sequence
-from specserve.sampling.processors import processed_probs
+from specserve.sampling.processors import needs_history, processed_probs
 from specserve.sampling.rejection import sample_from
 from specserve.spec.drafter import EMPTY, Proposal
 
@@ -68,7 +68,9 @@ class DraftModelDrafter:
 
     def _sample(self, seq: Sequence, st: _DraftSeq, logits: torch.Tensor) -> None:
         logits = self._align(logits)  # [1, target vocab]
-        probs = processed_probs(logits, seq.params, seq.token_ids + st.tokens, seq.prompt_len)
+        # the history is only read for penalties: skip copying the sequence when none are set
+        history = seq.token_ids + st.tokens if needs_history(seq.params) else seq.token_ids
+        probs = processed_probs(logits, seq.params, history, seq.prompt_len)
         if seq.params.greedy:
             st.tokens.append(int(probs[0].argmax()))
         else:
