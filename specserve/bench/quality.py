@@ -32,3 +32,19 @@ def distinct_n(tokens: list, n: int) -> float:
     """Unique n-grams / all n-grams (1.0 = no repetition); NaN when shorter than n."""
     grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
     return len(set(grams)) / len(grams) if grams else float("nan")
+
+
+def perplexity(model: Transformer, ids: list[int], chunk: int = 512) -> float:
+    """exp(mean −log p(ids[i] | ids[:i])) over i ≥ 1, fed in `chunk`-token passes through one
+    KV cache (raw logits)."""
+    if len(ids) < 2:
+        raise ValueError(f"perplexity needs at least 2 tokens, got {len(ids)}")
+    cache = model.new_cache(num_slots=1, max_len=len(ids))
+    total = 0.0
+    with torch.inference_mode():
+        for start in range(0, len(ids) - 1, chunk):
+            piece = ids[start:min(start + chunk, len(ids) - 1)]
+            (logits,) = model.forward(ForwardBatch.from_lists([piece], [start], [0]), cache)
+            targets = ids[start + 1:start + 1 + len(piece)]
+            total += token_nll(logits, targets) * len(targets)
+    return float(torch.exp(torch.tensor(total / (len(ids) - 1))))

@@ -122,6 +122,20 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict, dict[s
     return cfg, meta, weights
 
 
+def tensor_bits(path: Path) -> dict[str, float]:
+    """Bits per weight each tensor is stored with in the file, by Hugging Face name (Q4_K:
+    4.5, Q6_K: 6.56, F16: 16, ...)."""
+    from gguf import GGML_QUANT_SIZES
+
+    bits = {}
+    for tensor in open_gguf(path).tensors:
+        name = hf_name(tensor.name)
+        if name is not None:
+            block, size = GGML_QUANT_SIZES[tensor.qtype]
+            bits[name] = 8.0 * size / block
+    return bits
+
+
 def _check_complete(cfg: ModelConfig, weights: dict[str, torch.Tensor], path: Path) -> None:
     needed = ["model.embed_tokens.weight", "model.norm.weight"] + [
         f"model.layers.{i}.{n}" for i in range(cfg.num_layers)

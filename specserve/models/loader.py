@@ -12,7 +12,7 @@ import torch
 
 from specserve.models import tokenizer as tok
 from specserve.models.config import ModelConfig
-from specserve.models.gguf_loader import load_gguf
+from specserve.models.gguf_loader import load_gguf, tensor_bits
 from specserve.models.quant import FORMATS, quantize_linears
 from specserve.models.hf_loader import load_hf_dir
 from specserve.models.registry import resolve_model
@@ -58,7 +58,8 @@ def load_model(name: str | Path, dtype: str | torch.dtype = "bfloat16",
         raise ValueError(f"{path}: neither a GGUF file nor a Hugging Face directory")
     model = Transformer(cfg, tensors)
     del tensors
-    quantize_linears(model, weights)
+    bits = tensor_bits(path) if weights != "bf16" and not path.is_dir() else None
+    quantize_linears(model, weights, bits)
     return LoadedModel(model, tokenizer, cfg, path, time.perf_counter() - start, weights)
 
 

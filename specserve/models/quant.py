@@ -1,17 +1,32 @@
-"""Weight-only quantized linear layers on PyTorch's packed CPU kernels.
+"""Weight-only quantized linear layers.
 
-- `int4`: asymmetric 4-bit, groups of 32 input weights share a scale and a zero point (the
-  granularity of GGUF's Q4_K sub-blocks), run by `aten._weight_int4pack_mm_for_cpu`, which
-  dequantizes as w = (q − 8)·scale + zero with bfloat16 activations.
-- `int8`: symmetric 8-bit per output channel, run by `aten._weight_int8pack_mm`.
+Both formats keep weights in blocks of 32 inputs (the granularity of GGUF's Q4_K, Q6_K and
+Q8_0 sub-blocks), each block with its own scale, and run on our own AVX2 kernel
+(`specserve/kernels/qmatmul.c`, `NativeLinear`): activations are quantized on the fly to int8
+per super-block, each block's dot product is integer (pmaddubsw), and one weight block, once
+unpacked, serves four activation rows, so the rows of a verify pass cost arithmetic, not
+memory traffic.
 
-Both kernels want bfloat16 activations (their float32 paths are far slower on AVX2), so the
-quantized formats run the rest of the model in bfloat16.
+- `int4`: asymmetric 4-bit, w = scale·q + min, q in 0..15 (a Q4_K or Q4_1 tensor requantizes
+  almost exactly). What a GGUF file stores with more bits (Q5_x, Q6_K, Q8_0, F16: in
+  llama.cpp's Q4_K_M files the output head and half the value and down projections) is kept
+  at 8 bits, as llama.cpp's own mix does.
+- `int8`: symmetric 8-bit per block, w = scale·q, q in −127..127.
+
+The native kernels compute in float32, so the quantized model keeps its residual stream in
+float32. Where they cannot be built or run (no C compiler, no AVX2), PyTorch's packed
+kernels take over with bfloat16 activations: `aten._weight_int4pack_mm_for_cpu` (int4,
+same blocks, w = (q − 8)·scale + zero) and `aten._weight_int8pack_mm` (int8 per output
+channel); their cost grows about linearly with the rows.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from specserve import kernels
 
 FORMATS = ("bf16", "int8", "int4")
 INT4_GROUP = 32
@@ -36,6 +51,101 @@ def dequantize_int4(q: torch.Tensor, sz: torch.Tensor, group: int = INT4_GROUP) 
     scale = sz[..., 0].t().repeat_interleave(group, dim=1)  # [out, in]
     zero = sz[..., 1].t().repeat_interleave(group, dim=1)  # [out, in]
     return (q.float() - 8) * scale.float() + zero.float()
+
+
+SUPER_BLOCKS = (256, 128, 64)  # the native kernel's super-block sizes, largest first
+
+
+def super_block(in_features: int) -> int | None:
+    """The largest native super-block size dividing `in_features` (None: none does)."""
+    return next((sb for sb in SUPER_BLOCKS if in_features % sb == 0), None)
+
+
+@dataclass(frozen=True, slots=True)
+class NativeWeights:
+    """Weights in the native kernel's layout (see `specserve/kernels/qmatmul.c`)."""
+
+    bits: int  # 4 | 8
+    qs: torch.Tensor  # 4: [out, in/64, 32] uint8, block 2p low nibbles, 2p + 1 high; 8: [out, in] int8
+    sc: torch.Tensor  # [out, in/32] int16: block scale = dsup · sc
+    dsup: torch.Tensor  # [out, in/sb] float32: scale step of each super-block
+    mins: torch.Tensor | None  # 4 bits: [out, in/32] float16 block minimum
+    sb: int  # super-block size
+
+    def dequantize(self) -> torch.Tensor:
+        """Float reference of the quantized weights [out, in] (for tests)."""
+        out_f = self.qs.shape[0]
+        if self.bits == 4:
+            q = torch.stack([self.qs & 0x0F, self.qs >> 4], dim=2).float()
+        else:
+            q = self.qs.float()
+        q = q.reshape(out_f, -1, INT4_GROUP)  # [out, blocks, 32]
+        scale = self.dsup.repeat_interleave(self.sb // INT4_GROUP, dim=1) * self.sc.float()
+        w = q * scale[..., None]
+        if self.mins is not None:
+            w = w + self.mins.float()[..., None]
+        return w.reshape(out_f, -1)
+
+
+def quantize_native(w: torch.Tensor, bits: int, sc_max: int) -> NativeWeights:
+    """`w` [out, in] float → blocks of 32, 4-bit asymmetric (w ≈ scale·q + min, q in 0..15) or
+    8-bit symmetric (w ≈ scale·q, |q| ≤ 127), each block's scale an integer multiple
+    (≤ `sc_max`) of its super-block's step."""
+    out_f, in_f = w.shape
+    sb = super_block(in_f)
+    if sb is None:
+        raise ValueError(f"the native kernel needs in_features divisible by "
+                         f"{SUPER_BLOCKS[-1]}, got {in_f}")
+    g = w.float().reshape(out_f, in_f // INT4_GROUP, INT4_GROUP)  # [out, blocks, 32]
+    if bits == 4:
+        mins = g.amin(-1).to(torch.float16)  # [out, blocks]
+        g = g - mins.float()[..., None]
+        scale, top = (g.amax(-1).clamp_min(0)) / 15, 15
+    else:
+        mins, scale, top = None, g.abs().amax(-1) / 127, 127
+    per = sb // INT4_GROUP
+    dsup = scale.reshape(out_f, -1, per).amax(-1) / sc_max  # [out, in/sb]
+    step = dsup.repeat_interleave(per, dim=1)  # [out, blocks]
+    sc = torch.where(step > 0, torch.round(scale / step.clamp_min(1e-30)), 0).clamp_(0, sc_max)
+    eff = (step * sc)[..., None]  # [out, blocks, 1] the scale the kernel applies
+    q = torch.where(eff > 0, torch.round(g / eff.clamp_min(1e-30)), 0)
+    q = q.clamp_(0 if bits == 4 else -top, top)
+    if bits == 4:
+        q = q.to(torch.uint8).reshape(out_f, in_f // (2 * INT4_GROUP), 2, INT4_GROUP)
+        qs = q[:, :, 0] | (q[:, :, 1] << 4)  # [out, pairs, 32]
+    else:
+        qs = q.to(torch.int8).reshape(out_f, in_f)
+    return NativeWeights(bits, qs.contiguous(), sc.to(torch.int16).contiguous(),
+                         dsup.contiguous(), None if mins is None else mins.contiguous(), sb)
+
+
+class NativeLinear:
+    """4- or 8-bit weights on the native kernel (see module doc); computes in float32 and
+    returns the input's dtype."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int) -> None:
+        self._lib = kernels.qmatmul()
+        if self._lib is None:
+            raise RuntimeError("the native quantized kernels are not available on this machine")
+        if bits not in (4, 8):
+            raise ValueError(f"bits must be 4 or 8, got {bits}")
+        self.out_features, self.in_features = weight.shape
+        self.w = quantize_native(weight, bits, self._lib.q_sc_max(bits))
+        self.bias = bias.float() if bias is not None else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.float32).contiguous()  # [rows, in]
+        y = torch.empty((flat.shape[0], self.out_features), dtype=torch.float32)
+        w = self.w
+        mins = w.mins.data_ptr() if w.mins is not None else None
+        rc = self._lib.q_matmul(w.bits, flat.data_ptr(), flat.shape[0], self.in_features, w.sb,
+                                w.qs.data_ptr(), w.sc.data_ptr(), w.dsup.data_ptr(), mins,
+                                self.out_features, y.data_ptr())
+        if rc != 0:
+            raise RuntimeError(f"q_matmul failed ({'out of memory' if rc == -1 else 'bad arguments'})")
+        if self.bias is not None:
+            y += self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
 class Int4Linear:
@@ -77,17 +187,43 @@ class Int8Linear:
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
-def quantize_linears(model, fmt: str) -> None:
-    """Replace every projection of `model` (a `Transformer`) and its output head by `fmt`."""
+# The checkpoint tensors behind each projection (Hugging Face names, without ".weight").
+_SOURCES = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+            "o": ("self_attn.o_proj",), "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+            "down": ("mlp.down_proj",)}
+# int4 keeps at 8 bits what the file stores with more than this many bits per weight (Q5_x,
+# Q6_K, Q8_0, F16...): the mix of llama.cpp's Q4_K_M files, which give the output head and
+# half the value and down projections 6 bits. Q4_0/Q4_1/Q4_K (4.5-5.0 bits) become int4.
+FOUR_BIT_SOURCE_MAX = 5.0
+
+
+def quantize_linears(model, fmt: str, source_bits: dict[str, float] | None = None) -> None:
+    """Replace every projection of `model` (a `Transformer`) and its output head by `fmt`.
+
+    `source_bits` (Hugging Face name → bits per weight in the file) lets int4 keep tensors the
+    file stores above 4 bits at 8 bits; without it (a float checkpoint) all become int4."""
     if fmt not in FORMATS:
         raise ValueError(f"weights must be one of {FORMATS}, got {fmt!r}")
     if fmt == "bf16":
         return
-    if model.dtype != torch.bfloat16:
-        raise ValueError(f"weights={fmt!r} runs with bfloat16 activations; load with dtype='bfloat16'")
-    make = Int4Linear if fmt == "int4" else Int8Linear
-    for layer in model.layers:
-        for name in ("qkv", "o", "gate_up", "down"):
-            lin = getattr(layer, name)
-            setattr(layer, name, make(lin.weight, lin.bias))
-    model.lm_head = make(model.lm_head.weight, model.lm_head.bias)
+    native = kernels.qmatmul() is not None
+    if not native and model.dtype != torch.bfloat16:
+        raise ValueError(f"weights={fmt!r} runs with bfloat16 activations here (no native "
+                         f"kernel); load with dtype='bfloat16'")
+    bits = source_bits or {}
+
+    def make(lin, sources: list[str]):
+        wide = max((bits.get(n, 0.0) for n in sources), default=0.0) > FOUR_BIT_SOURCE_MAX
+        width = 8 if fmt == "int8" or wide else 4
+        if native and super_block(lin.weight.shape[1]) is not None:
+            return NativeLinear(lin.weight, lin.bias, width)
+        return (Int8Linear if width == 8 else Int4Linear)(lin.weight, lin.bias)
+
+    for i, layer in enumerate(model.layers):
+        for name, sources in _SOURCES.items():
+            names = [f"model.layers.{i}.{src}.weight" for src in sources]
+            setattr(layer, name, make(getattr(layer, name), names))
+    head = "lm_head.weight" if "lm_head.weight" in bits else "model.embed_tokens.weight"
+    model.lm_head = make(model.lm_head, [head])
+    if native:  # the native kernels take float32: keep the residual stream in float32
+        model.act_dtype = torch.float32

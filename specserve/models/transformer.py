@@ -58,6 +58,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 # From this many rows on, a bfloat16 matmul is computed in float32: CPUs without native
 # bfloat16 (AVX2) run bf16 GEMMs ~10x slower than converting the weight and calling sgemm.
 FLOAT32_GEMM_ROWS = 32
+ATTN_DTYPE = torch.float32
 
 
 class Linear:
@@ -105,19 +106,23 @@ class Transformer:
         self.norm = weights["model.norm.weight"]
         head = weights.get("lm_head.weight")
         self.lm_head = Linear(self.embed if cfg.tie_word_embeddings or head is None else head)
-        self.dtype = self.embed.dtype
+        self.dtype = self.embed.dtype  # the weights' dtype
+        # The residual stream's dtype; the int4 format switches it to float32 (its kernel
+        # takes float32). Attention and the KV cache always run in float32: on CPUs without
+        # native bfloat16, bfloat16 attention is 5-8x slower than float32.
+        self.act_dtype = self.dtype
         inv_freq = 1.0 / (cfg.rope_theta ** (
             torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
         self._inv_freq = inv_freq  # [head_dim / 2]
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         c = self.cfg
-        return KVCache(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim, self.dtype)
+        return KVCache(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim, ATTN_DTYPE)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[..., None] * self._inv_freq  # [batch, T, head_dim / 2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [batch, 1, T, head_dim]
-        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        return emb.cos(), emb.sin()
 
     def _mask(self, batch: ForwardBatch, width: int, end: int) -> torch.Tensor | None:
         if len(batch.starts) == 1 and width == 1:
@@ -137,10 +142,10 @@ class Transformer:
         end = max(s + n for s, n in zip(batch.starts, batch.lengths))
         mask = self._mask(batch, width, end)
         q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        x = F.embedding(batch.tokens, self.embed)  # [batch, T, hidden]
+        x = F.embedding(batch.tokens, self.embed).to(self.act_dtype)  # [batch, T, hidden]
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
-            q, k, v = layer.qkv(h).split([q_dim, kv_dim, kv_dim], dim=-1)
+            q, k, v = layer.qkv(h).to(ATTN_DTYPE).split([q_dim, kv_dim, kv_dim], dim=-1)
             q = q.view(bsz, width, c.num_heads, c.head_dim).transpose(1, 2)  # [batch, heads, T, hd]
             k = k.view(bsz, width, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [batch, kv, T, hd]
             v = v.view(bsz, width, c.num_kv_heads, c.head_dim).transpose(1, 2)
@@ -149,7 +154,7 @@ class Transformer:
             cache.write(i, batch.slots, batch.starts, batch.lengths, k, v)
             keys, values = cache.read(i, batch.slots, end)  # [batch, kv, end, hd]
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-            x = x + layer.o(attn.transpose(1, 2).reshape(bsz, width, q_dim))
+            x = x + layer.o(attn.transpose(1, 2).reshape(bsz, width, q_dim).to(x.dtype))
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
