@@ -35,7 +35,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                    f"(default {DEFAULT_TARGET}; aliases: {', '.join(m.alias for m in MODELS)})")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
     p.add_argument("--weights", default="bf16", choices=["bf16", "int8", "int4"],
-                   help="keep projections quantized in memory (int8/int4 need --dtype bfloat16)")
+                   help="keep projections quantized in memory (int8/int4: native AVX2 kernels, "
+                        "float32 activations; PyTorch's kernels elsewhere)")
     p.add_argument("--max-model-len", type=int, default=4096)
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--speculative-config", default=None,
@@ -179,7 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_TARGET)
     p.add_argument("--draft-model", default=DEFAULT_DRAFT)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--weights", default="bf16", choices=["bf16", "int8", "int4"])
+    p.add_argument("--weights", default="int4", choices=["bf16", "int8", "int4"],
+                   help="int4 (default): the fast path, ~3x bf16's decode speed here")
     p.add_argument("--num-speculative-tokens", "-k", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompt-file", default=None)

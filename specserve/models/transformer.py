@@ -59,6 +59,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 # bfloat16 (AVX2) run bf16 GEMMs ~10x slower than converting the weight and calling sgemm.
 FLOAT32_GEMM_ROWS = 32
 ATTN_DTYPE = torch.float32
+# Passes of up to this many tokens (verify passes, batched decode steps) attend position by
+# position, the way a single decode step does: with batch-invariant matmuls (the native
+# quantized kernels) a verify pass then reproduces plain decoding's logits bit for bit, so
+# greedy speculative decoding returns exactly the target-only text. Longer passes (prefill)
+# use one masked attention call.
+BATCH_INVARIANT_ROWS = 64
 
 
 class Linear:
@@ -140,7 +146,8 @@ class Transformer:
         positions = torch.tensor(batch.starts)[:, None] + torch.arange(width)  # [batch, T]
         cos, sin = self._rope(positions)
         end = max(s + n for s, n in zip(batch.starts, batch.lengths))
-        mask = self._mask(batch, width, end)
+        per_position = 1 < bsz * width <= BATCH_INVARIANT_ROWS
+        mask = None if per_position else self._mask(batch, width, end)
         q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         x = F.embedding(batch.tokens, self.embed).to(self.act_dtype)  # [batch, T, hidden]
         for i, layer in enumerate(self.layers):
@@ -152,13 +159,30 @@ class Transformer:
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             cache.write(i, batch.slots, batch.starts, batch.lengths, k, v)
-            keys, values = cache.read(i, batch.slots, end)  # [batch, kv, end, hd]
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+            if per_position:
+                attn = self._attend_per_position(i, batch, q, cache)
+            else:
+                keys, values = cache.read(i, batch.slots, end)  # [batch, kv, end, hd]
+                attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                                      enable_gqa=True)
             x = x + layer.o(attn.transpose(1, 2).reshape(bsz, width, q_dim).to(x.dtype))
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         return rms_norm(x, self.norm, c.rms_norm_eps)
+
+    def _attend_per_position(self, layer: int, batch: ForwardBatch, q: torch.Tensor,
+                             cache: KVCache) -> torch.Tensor:
+        """Attention of each real position on its own, exactly as a one-token decode step
+        computes it (same call, same shapes, no mask), so a verify pass gives the same logits
+        as decoding its tokens one by one. `q` [batch, heads, T, hd] → [batch, heads, T, hd]."""
+        out = torch.zeros_like(q)
+        for row, (slot, start, n) in enumerate(zip(batch.slots, batch.starts, batch.lengths)):
+            for t in range(n):
+                keys, values = cache.read(layer, [slot], start + t + 1)  # [1, kv, pos + 1, hd]
+                out[row:row + 1, :, t:t + 1] = F.scaled_dot_product_attention(
+                    q[row:row + 1, :, t:t + 1], keys, values, enable_gqa=True)
+        return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[..., hidden]` → float32 logits `[..., vocab]`."""
