@@ -322,7 +322,7 @@ class CostAwarePolicy:
 
     __slots__ = (
         "cost", "max_k", "window", "probe_every", "probe_cap", "probe_k", "prior_mean",
-        "prior_strength", "histogram", "_rounds", "_tried", "_accepted", "_speculating",
+        "prior_strength", "margin", "histogram", "_rounds", "_tried", "_accepted", "_speculating",
         "_idle", "_probe_interval", "_probing",
     )  # fmt: skip
 
@@ -336,6 +336,7 @@ class CostAwarePolicy:
         probe_k: int = 2,
         prior_mean: float = 0.7,
         prior_strength: float = 2.0,
+        margin: float = 0.08,
     ) -> None:
         for name, value in (("max_k", max_k), ("window", window), ("probe_every", probe_every),
                             ("probe_k", probe_k)):  # fmt: skip
@@ -347,9 +348,11 @@ class CostAwarePolicy:
             raise ValueError(f"prior_mean must be in (0, 1), got {prior_mean}")
         if prior_strength <= 0:
             raise ValueError(f"prior_strength must be > 0, got {prior_strength}")
+        if margin < 0:
+            raise ValueError(f"margin must be >= 0, got {margin}")
         self.cost, self.max_k, self.window = cost, max_k, window
         self.probe_every, self.probe_cap, self.probe_k = probe_every, probe_cap, probe_k
-        self.prior_mean, self.prior_strength = prior_mean, prior_strength
+        self.prior_mean, self.prior_strength, self.margin = prior_mean, prior_strength, margin
         self.histogram: Counter[int] = Counter()
         self._rounds: deque[tuple[int, int]] = deque()  # (proposed, accepted), oldest first
         self._tried = [0] * (max_k + 1)  # [max_k + 1] by draft position, index 0 unused
@@ -372,9 +375,11 @@ class CostAwarePolicy:
         return alphas
 
     def best_k(self, limit: int, optimism: float = 0.0) -> int:
-        """argmax over k in 0..min(limit, max_k) of E(k) / T(k); ties go to the smaller k."""
+        """argmax over k in 0..min(limit, max_k) of E(k) / T(k); ties go to the smaller k, and
+        drafting must beat plain decoding by `margin` (a break-even estimate built on noisy
+        timings is a likely loss: the goal is never to be slower than plain decoding)."""
         alphas = self.acceptance(optimism)
-        best, best_rate = 0, 1.0 / max(self.cost.round_time(0), 1e-12)
+        best, best_rate = 0, (1.0 + self.margin) / max(self.cost.round_time(0), 1e-12)
         expected, reach = 1.0, 1.0  # E(k); P(all of the first k drafts accepted)
         for k in range(1, min(limit, self.max_k) + 1):
             reach *= alphas[k - 1]

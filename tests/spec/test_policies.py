@@ -367,3 +367,21 @@ def test_make_policy_rejects_bad_names_and_values():
         make_policy("fixed", -2, CostModel())
     with pytest.raises(ValueError, match="CostModel"):
         make_policy("cost_aware", 4, None)
+
+
+def test_cost_aware_does_not_draft_for_a_gain_inside_its_margin():
+    """At break-even (drafting predicted 3% faster than plain decoding) the policy stays at
+    k = 0: noisy timings make such a gain a likely loss. With margin 0 it drafts."""
+    cost = seeded_cost(draft_ratio=0.4, row_ratio=0.0)
+    # α such that k = 1 gives (1 + α) / 1.4 = 1.03 decode steps' worth of tokens per step
+    alpha = 1.03 * 1.4 - 1.0
+    cautious, eager = CostAwarePolicy(cost), CostAwarePolicy(cost, margin=0.0)
+    for policy in (cautious, eager):
+        for _ in range(16):
+            policy.observe(1, 1)
+            policy.observe(1, 0)
+        policy._tried[1], policy._accepted[1] = 1000, round(1000 * alpha)
+    assert cautious.best_k(1) == 0
+    assert eager.best_k(1) == 1
+    with pytest.raises(ValueError, match="margin"):
+        CostAwarePolicy(cost, margin=-0.1)
