@@ -31,14 +31,10 @@
 #include <stdlib.h>
 
 #define QK 32
-#ifndef ROWS
-#define ROWS 4
-#endif
+#define ROWS 4 /* activation rows per unpacked weight pair (more spill registers) */
 #define SC_MAX4 16383
 #define SC_MAX8 4095
-#ifndef PREFETCH
 #define PREFETCH 4096 /* bytes of weights fetched ahead of use */
-#endif
 
 /* x [rows, k] float → qa [rows, k] int8, da [rows, k/sb], dsa [rows, k/32] = da·Σqa (block). */
 static void quantize_rows(const float *x, int64_t rows, int64_t k, int64_t sb, int8_t *qa,
@@ -187,11 +183,6 @@ int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, cons
             case 1: rows_of(bits, wq, ws, wd, wm, k, sb, a, d, ds, 1, out); break;
             case 2: rows_of(bits, wq, ws, wd, wm, k, sb, a, d, ds, 2, out); break;
             case 3: rows_of(bits, wq, ws, wd, wm, k, sb, a, d, ds, 3, out); break;
-#if ROWS > 4
-            case 4: rows_of(bits, wq, ws, wd, wm, k, sb, a, d, ds, 4, out); break;
-            case 5: rows_of(bits, wq, ws, wd, wm, k, sb, a, d, ds, 5, out); break;
-            case 6: rows_of(bits, wq, ws, wd, wm, k, sb, a, d, ds, 6, out); break;
-#endif
             default: rows_of(bits, wq, ws, wd, wm, k, sb, a, d, ds, ROWS, out); break;
             }
             for (int r = 0; r < nr; r++) y[(r0 + r) * n + o] = out[r];

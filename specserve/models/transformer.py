@@ -113,8 +113,8 @@ class Transformer:
         head = weights.get("lm_head.weight")
         self.lm_head = Linear(self.embed if cfg.tie_word_embeddings or head is None else head)
         self.dtype = self.embed.dtype  # the weights' dtype
-        # The residual stream's dtype; the int4 format switches it to float32 (its kernel
-        # takes float32). Attention and the KV cache always run in float32: on CPUs without
+        # The residual stream's dtype; the int8/int4 formats on the native kernels switch it
+        # to float32 (the kernels take float32). Attention and the KV cache always run in float32: on CPUs without
         # native bfloat16, bfloat16 attention is 5-8x slower than float32.
         self.act_dtype = self.dtype
         inv_freq = 1.0 / (cfg.rope_theta ** (
