@@ -35,6 +35,9 @@ class LLM:
         drafter = self._build_drafter(dtype, config) if self.spec else None
         runner = ModelRunner(self.target.model, max_num_seqs, max_len)
         self.engine = LLMEngine(runner, self.target.tokenizer, config, self.spec, drafter)
+        if self.spec is not None and self.spec.policy_name == "cost_aware" \
+                and self.spec.num_speculative_tokens != 0:
+            self.engine.calibrate()
 
     @property
     def tokenizer(self) -> Tokenizer:

@@ -119,19 +119,26 @@ def _verify_cost(args, target) -> dict | None:
 
 
 def _peers(args, target, draft, bench, prompts, configs, options) -> list[dict]:
-    rows = []
+    """The peers' rows; a peer that fails is reported and skipped, never losing our results."""
+    import torch
+
     ids = {w: bench.prompt_ids(p) for w, p in prompts.items()}
     temps = sorted({c.temperature for c in configs})
-    if "transformers" in args.compare:
-        log("# running transformers on the same GGUF weights ...")
-        rows += peers.run_transformers(target.path, draft.path if draft else None, args.dtype, ids,
-                                       temps, options.max_tokens, options.repeats, options.seeds)
-    if "llama.cpp" in args.compare:
+    runs = {
+        "transformers": lambda: peers.run_transformers(
+            target.path, draft.path if draft else None, args.dtype, ids, temps, options.max_tokens,
+            options.repeats, options.seeds),
+        "llama.cpp": lambda: peers.run_llama_cpp(
+            target.path, ids, options.max_tokens, options.repeats, torch.get_num_threads(),
+            target.tokenizer.eos_token_ids),
+    }
+    rows = []
+    for name in dict.fromkeys(args.compare):
+        log(f"# running {name} on the same GGUF weights ...")
         try:
-            import torch
-
-            rows += peers.run_llama_cpp(target.path, ids, options.max_tokens, options.repeats,
-                                        torch.get_num_threads())
-        except ImportError:
-            log("# llama-cpp-python is not installed: skipping the llama.cpp comparison")
+            rows += runs[name]()
+        except ImportError as e:
+            log(f"# {name} is not installed ({e}): skipping that comparison")
+        except Exception as e:  # a peer's failure must not lose our measurements
+            log(f"# {name} failed: {type(e).__name__}: {e}; its rows are left out")
     return rows

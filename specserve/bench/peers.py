@@ -15,12 +15,6 @@ MATCHES = {"target only": "target only", "assisted (draft model)": "fixed 4",
            "prompt lookup": "ngram k=4"}
 
 
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def run_transformers(target: Path, draft: Path | None, dtype: str, prompts: dict[str, list[int]],
                      temperatures: list[float], max_tokens: int, repeats: int, seeds: int) -> list[dict]:
     import transformers
@@ -99,24 +93,39 @@ class _Clock:
 
 
 def run_llama_cpp(target: Path, prompts: dict[str, list[int]], max_tokens: int, repeats: int,
-                  threads: int) -> list[dict]:
-    """llama.cpp through `llama-cpp-python` (optional): greedy target-only and prompt lookup."""
+                  threads: int, eos_ids: frozenset[int] = frozenset()) -> list[dict]:
+    """llama.cpp through `llama-cpp-python` (optional): greedy target-only and prompt lookup.
+    Each timed call starts from an empty cache (full prefill, like ours) and streams, so TTFT
+    and the decode rate are measured the same way as ours; EOS is banned (EOS ignored)."""
     from llama_cpp import Llama
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+    ban = {int(t): float("-inf") for t in eos_ids}
+    n_ctx = max(len(ids) for ids in prompts.values()) + max_tokens + 64
     rows = []
+    # with a draft, llama-cpp-python keeps logits for every position; it sizes that buffer
+    # from the `logits_all` argument, so it must be passed explicitly
     for mode, extra in {"target only": {}, "prompt lookup": {
-            "draft_model": LlamaPromptLookupDecoding(num_pred_tokens=4)}}.items():
-        llm = Llama(model_path=str(target), n_ctx=4096, n_threads=threads, verbose=False, **extra)
+            "draft_model": LlamaPromptLookupDecoding(num_pred_tokens=4), "logits_all": True}}.items():
+        llm = Llama(model_path=str(target), n_ctx=n_ctx, n_threads=threads, n_batch=512,
+                    verbose=False, **extra)
         for workload, ids in prompts.items():
             def gen(n):
-                return llm.create_completion(ids, max_tokens=n, temperature=0.0, top_k=1)
-            gen(8)
-            ttft = statistics.median(_timed(lambda: gen(1)) for _ in range(2))
-            med = statistics.median(_timed(lambda: gen(max_tokens)) for _ in range(repeats))
+                llm.reset()  # no prompt reuse between calls
+                start = time.perf_counter()
+                times = [time.perf_counter() for _ in llm.create_completion(
+                    ids, max_tokens=n, temperature=0.0, top_k=1, logit_bias=ban or None,
+                    stream=True)]
+                return start, times
+            gen(8)  # warm-up
+            clocks = [gen(max_tokens) for _ in range(repeats)]
             rows.append({"engine": "llama.cpp", "config": mode, "temperature": 0.0,
-                         "workload": workload, "median_e2e_s": med, "ttft_s": ttft,
-                         "decode_tokens_per_s": (max_tokens - 1) / max(1e-9, med - ttft),
+                         "workload": workload,
+                         "median_e2e_s": statistics.median(t[-1] - s for s, t in clocks),
+                         "ttft_s": statistics.median(t[0] - s for s, t in clocks),
+                         "decode_tokens_per_s": statistics.median(
+                             (len(t) - 1) / max(1e-9, t[-1] - t[0]) for _, t in clocks),
+                         "output_tokens": statistics.median(len(t) for _, t in clocks),
                          "matches": MATCHES[mode]})
     return rows
 

@@ -62,6 +62,19 @@ class LLMEngine:
         self._ids = itertools.count()
         self._seeds = random.Random()
 
+    def calibrate(self, prefix_len: int = 32, repeats: int = 2) -> dict:
+        """Seed the cost model from timed passes, so a cost-aware policy's first rounds
+        already know this machine: target passes over k + 1 rows for k = 0..cap, and one draft
+        model step (a drafter without a model drafts for free). Online measurements take over
+        from there. Needs a free slot in each cache; returns what it measured."""
+        spec = self.spec
+        cap = spec.max_k if spec.num_speculative_tokens == -1 else spec.num_speculative_tokens
+        verify = self.runner.time_passes(list(range(cap + 1)), prefix_len, repeats)
+        draft_runner = getattr(self.drafter, "runner", None)
+        draft_step = draft_runner.time_passes([0], prefix_len, repeats)[0] if draft_runner else 0.0
+        self.cost.seed(draft_step, verify)
+        return {"draft_step_s": draft_step, "verify_s": verify}
+
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     request_id: str | None = None, prompt: str | None = None) -> str:
@@ -125,6 +138,10 @@ class LLMEngine:
             seq.first_token_time = time.perf_counter()
 
     def _round(self, seqs: list[Sequence]) -> None:
+        """One round: choose k, draft, verify, commit. The cost model learns the draft time
+        and the rest of the round (choosing, the target pass, sampling, bookkeeping): that
+        rest is what a plain decode step costs too, so k = 0 is priced like any other k."""
+        start = time.perf_counter()
         ks = [self._choose_k(s, len(seqs)) for s in seqs]
         t0 = time.perf_counter()
         proposals = self.drafter.propose(seqs, ks) if self.drafter and any(ks) else [EMPTY] * len(seqs)
@@ -133,12 +150,18 @@ class LLMEngine:
         logits = self.runner.forward(rows, [s.num_cached for s in seqs], [s.slot for s in seqs])
         results = [self._sample_round(s, p, lg) for s, p, lg in zip(seqs, proposals, logits)]
         t2 = time.perf_counter()
-        max_k = max(p.k for p in proposals)
-        if max_k:
-            self.cost.observe_draft(max(ks), t1 - t0)
-        self.cost.observe_verify(max_k, t2 - t1)
         for seq, prop, res, lg in zip(seqs, proposals, results, logits):
             self._commit(seq, prop, res, lg, t1 - t0, t2 - t1)
+        end = time.perf_counter()
+        max_k = max(p.k for p in proposals)
+        # a drafter resuming after rounds without drafting first catches up on what it missed:
+        # that one-off cost is not what drafting k tokens costs, so it is not learned from
+        resumed = any(k > 0 and s.idle_drafter for s, k in zip(seqs, ks))
+        if max_k and not resumed:
+            self.cost.observe_draft(max(ks), t1 - t0)
+        self.cost.observe_verify(max_k, (end - start) - (t1 - t0))
+        for seq, k in zip(seqs, ks):
+            seq.idle_drafter = k == 0
 
     def _choose_k(self, seq: Sequence, batch_size: int) -> int:
         spec = self.spec

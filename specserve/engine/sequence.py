@@ -40,6 +40,7 @@ class Sequence:
     text: str = ""
     finish_reason: str | None = None
     policy: object = None  # the request's draft-length policy (spec.policies)
+    idle_drafter: bool = False  # the last round drafted nothing (the drafter fell behind)
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
     logprobs: list[dict[int, float]] = field(default_factory=list)
     arrival: float = field(default_factory=time.perf_counter)

@@ -3,8 +3,16 @@
 The draft model keeps its own KV cache (one slot per sequence). Before proposing it catches up
 on the tokens it has not seen (the last accepted tokens and the recovered/bonus token), then
 samples k tokens one step at a time from the *processed* distribution (the same
-`processed_probs` the verifier uses). After verification its cache length moves back to the
-accepted prefix: `num_cached = min(num_cached, old_len + accepted)`.
+`processed_probs` the verifier uses). After verification it forgets what was rejected:
+`seen = min(seen, old_len + accepted)`.
+
+Bounded catch-up: after rounds without drafting (a policy at k = 0) the unseen tail can be
+long, and feeding it all would cost a draft prefill of every token decoded meanwhile, paid
+by the probe that asks whether drafting pays again. So the draft is fed at most
+`max_catchup` of the newest unseen tokens and skips the rest: its context gets a hole, its
+positions run behind the target's by `skipped`. That changes only how good the drafts are,
+never the output distribution: the verifier judges each draft against the distribution it
+was actually sampled from.
 """
 
 from __future__ import annotations
@@ -18,19 +26,33 @@ from specserve.sampling.rejection import sample_from
 from specserve.spec.drafter import EMPTY, Proposal
 
 
+DEFAULT_MAX_CATCHUP = 4  # newest unseen tokens fed before drafting; older ones are skipped
+
+
 class _DraftSeq:
-    __slots__ = ("slot", "num_cached", "tokens", "probs")
+    __slots__ = ("slot", "seen", "skipped", "tokens", "probs")
 
     def __init__(self, slot: int) -> None:
-        self.slot, self.num_cached = slot, 0
+        self.slot = slot
+        self.seen = 0  # tokens of the sequence (target positions) the draft has accounted for
+        self.skipped = 0  # of those, how many it never fed (bounded catch-up)
         self.tokens: list[int] = []
         self.probs: list[torch.Tensor] = []
 
+    @property
+    def num_cached(self) -> int:
+        """The draft cache's length (its own positions)."""
+        return self.seen - self.skipped
+
 
 class DraftModelDrafter:
-    def __init__(self, runner: ModelRunner, target_vocab: int) -> None:
+    def __init__(self, runner: ModelRunner, target_vocab: int,
+                 max_catchup: int | None = DEFAULT_MAX_CATCHUP) -> None:
+        if max_catchup is not None and max_catchup < 2:
+            raise ValueError(f"max_catchup must be >= 2 or None (unbounded), got {max_catchup}")
         self.runner = runner
         self.target_vocab = target_vocab
+        self.max_catchup = max_catchup
         self._seqs: dict[int, _DraftSeq] = {}
 
     def start(self, seq: Sequence) -> None:
@@ -39,7 +61,7 @@ class DraftModelDrafter:
         state = _DraftSeq(self.runner.cache.allocate())
         self._seqs[seq.seq_id] = state
         self.runner.forward([seq.prompt_ids], [0], [state.slot], [1])
-        state.num_cached = seq.prompt_len
+        state.seen = seq.prompt_len
 
     def finish(self, seq: Sequence) -> None:
         state = self._seqs.pop(seq.seq_id, None)
@@ -48,23 +70,32 @@ class DraftModelDrafter:
 
     def commit(self, seq: Sequence, num_accepted: int, old_len: int) -> None:
         state = self._seqs[seq.seq_id]
-        state.num_cached = min(state.num_cached, old_len + num_accepted)
+        state.seen = min(state.seen, old_len + num_accepted)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
         active = [(seq, k, self._seqs[seq.seq_id]) for seq, k in zip(seqs, ks) if k > 0]
         for _, _, state in active:
             state.tokens, state.probs = [], []
-        # catch up on unseen tokens, then one decode step per drafted token
-        rows = [seq.token_ids[st.num_cached:] for seq, _, st in active]
+        # catch up on unseen tokens (at most max_catchup), then one step per drafted token
+        rows = [self._catch_up(seq, st) for seq, _, st in active]
         while active:
             logits = self.runner.forward(rows, [st.num_cached for _, _, st in active],
                                          [st.slot for _, _, st in active], [1] * len(active))
             for (seq, _, st), row, lg in zip(active, rows, logits):
-                st.num_cached += len(row)
+                st.seen += len(row)
                 self._sample(seq, st, lg)
             active = [(seq, k, st) for seq, k, st in active if len(st.tokens) < k]
             rows = [[st.tokens[-1]] for _, _, st in active]
         return [self._proposal(seq, k) for seq, k in zip(seqs, ks)]
+
+    def _catch_up(self, seq: Sequence, st: _DraftSeq) -> list[int]:
+        """The unseen tokens to feed; older ones beyond `max_catchup` are marked skipped."""
+        unseen = len(seq.token_ids) - st.seen
+        if self.max_catchup is not None and unseen > self.max_catchup:
+            skip = unseen - self.max_catchup
+            st.seen += skip
+            st.skipped += skip
+        return seq.token_ids[st.seen:]
 
     def _sample(self, seq: Sequence, st: _DraftSeq, logits: torch.Tensor) -> None:
         logits = self._align(logits)  # [1, target vocab]

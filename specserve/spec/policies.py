@@ -15,8 +15,8 @@ fewer tokens, or none) and rounds with nothing proposed teach nothing. Every pol
   over k = 0..max_k, with α_j = P(draft j accepted | drafts < j accepted) estimated from
   the request's recent rounds and the times from the engine's shared `CostModel`. E(0) = 1
   and T(0) = verify(0) is plain decoding, so on hostile text the policy stops drafting;
-  while it is off it probes with a small k every N rounds (N doubling after each failed
-  probe, up to a cap) to notice when the text turns predictable again.
+  while it is off it probes with k = 1 every N rounds (N doubling after each failed probe,
+  up to a cap) to notice when the text turns predictable again.
 """
 
 from __future__ import annotations
@@ -314,10 +314,12 @@ class CostAwarePolicy:
     speculating, the policy stops only if k = 0 also wins with every α_i raised by one
     posterior standard deviation. While stopped, every `probe interval` rounds (starting at
     `probe_every`, doubled after each probe that is not fully accepted, up to `probe_cap`)
-    it drafts `probe_k` tokens anyway. The evidence that stopped speculation ages while
-    stopped, so each probe first drops the older half of the window; a fully accepted probe
-    means the text may have changed: the window is cleared down to that round and the
-    interval resets.
+    it drafts `probe_k` tokens anyway. A failed probe is one more round of evidence. A fully
+    accepted one means the text may have changed: the older half of the window is dropped
+    and the interval resets, so a few successes in a row bring speculation back, while one
+    lucky probe on hostile text does not start a losing streak. Probes are cheap on purpose
+    (k = 1, and the draft model catches up on only a few tokens: see `draft_model`); on
+    hostile text they and the first rounds of a request are all that drafting costs.
     """
 
     __slots__ = (
@@ -331,9 +333,9 @@ class CostAwarePolicy:
         cost: CostModel,
         max_k: int = DEFAULT_MAX_K,
         window: int = 16,
-        probe_every: int = 8,
-        probe_cap: int = 64,
-        probe_k: int = 2,
+        probe_every: int = 16,
+        probe_cap: int = 128,
+        probe_k: int = 1,
         prior_mean: float = 0.7,
         prior_strength: float = 2.0,
         margin: float = 0.08,
@@ -410,19 +412,16 @@ class CostAwarePolicy:
         if proposed <= 0:
             return  # nothing was drafted (a due probe stays due)
         assert 0 <= accepted <= proposed, (proposed, accepted)
-        if probing:  # the evidence that stopped speculation is getting old
-            while len(self._rounds) > self.window // 2:
+        success = probing and accepted == proposed
+        if success:  # the text may have changed: the older half of the evidence goes
+            keep = len(self._rounds) // 2
+            while len(self._rounds) > keep:
                 self._count(*self._rounds.popleft(), sign=-1)
         self._push(min(proposed, self.max_k), min(accepted, self.max_k))
-        if not probing:
-            return
-        self._idle = 0
-        if accepted == proposed:
-            while len(self._rounds) > 1:
-                self._count(*self._rounds.popleft(), sign=-1)
-            self._probe_interval = self.probe_every
-        else:
-            self._probe_interval = min(2 * self._probe_interval, self.probe_cap)
+        if probing:
+            self._idle = 0
+            self._probe_interval = (self.probe_every if success
+                                    else min(2 * self._probe_interval, self.probe_cap))
 
     def _push(self, proposed: int, accepted: int) -> None:
         if len(self._rounds) == self.window:

@@ -89,3 +89,45 @@ def test_many_requests_join_and_leave_between_steps():
     outs = {o.request_id: o.outputs[0] for o in toy.run_all(engine)}
     for i, n in enumerate([3, 9, 5, 1, 7]):
         assert outs[f"r{i}"].token_ids == [(i % V + j + 1) % V for j in range(n)]
+
+
+def test_cost_model_skips_draft_timings_of_rounds_that_resume_after_idle_rounds():
+    """A round that drafts right after rounds at k = 0 first catches the draft up, so its draft
+    time is not a sample of what drafting k tokens costs; every round's rest is learned."""
+    from collections import Counter
+
+    P, Q = toy.random_table(5, seed=1), toy.random_table(5, seed=2)
+    from specserve.spec.policies import CostModel
+
+    engine = toy.toy_engine(P, Q, k=2)
+    draft_samples, verify_samples = [], []
+
+    class Recording(CostModel):
+        def observe_draft(self, steps, seconds):
+            draft_samples.append(steps)
+
+        def observe_verify(self, k, seconds):
+            verify_samples.append((k, seconds))
+
+    engine.cost = Recording()
+
+    class Script:  # 0, 0, 2, 2, 0, 2, 2, ...
+        histogram = Counter()
+
+        def __init__(self):
+            self.ks = iter([0, 0, 2, 2, 0, 2, 2, 0, 2, 2] * 10)
+
+        def choose_k(self, room):
+            return min(next(self.ks), room)
+
+        def observe(self, proposed, accepted):
+            pass
+
+    engine.add_request([0, 1], SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True, seed=0))
+    engine.scheduler.waiting[0].policy = Script()
+    toy.run_all(engine)
+    ks = [k for k, _ in verify_samples]
+    assert ks[:7] == [0, 0, 2, 2, 0, 2, 2]
+    resumed = sum(1 for prev, k in zip([0] + ks, ks) if k > 0 and prev == 0)
+    assert len(draft_samples) == sum(1 for k in ks if k > 0) - resumed > 0
+    assert all(s > 0 for _, s in verify_samples)

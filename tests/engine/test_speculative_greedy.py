@@ -128,3 +128,84 @@ def test_cost_aware_greedy_equals_target_only(models):
     fast = LLM(target, draft=draft, speculative_config=spec(-1)).generate(PROMPT, greedy(40))[0].outputs[0]
     assert fast.token_ids == plain.token_ids
     assert sum(fast.spec.k_histogram.values()) == fast.spec.rounds
+
+
+class Scripted:
+    """A draft-length policy that replays a list of k (cycling), like cost_aware's idle
+    stretches and probes."""
+
+    def __init__(self, ks):
+        self.ks, self.i = list(ks), 0
+        from collections import Counter
+        self.histogram = Counter()
+
+    def choose_k(self, max_k):
+        k = min(self.ks[self.i % len(self.ks)], max_k)
+        self.i += 1
+        self.histogram[k] += 1
+        return k
+
+    def observe(self, proposed, accepted):
+        pass
+
+
+def test_draft_catch_up_after_idle_rounds_is_bounded_and_output_unchanged(models):
+    """After rounds without drafting, the draft is fed only its `max_catchup` newest unseen
+    tokens (a hole in its context); greedy output still equals target-only."""
+    target, draft = models
+    n = 60
+    plain = LLM(target).generate(PROMPT, greedy(n))[0].outputs[0]
+    llm = LLM(target, draft=target, speculative_config=spec(3))
+    drafter = llm.engine.drafter
+    fed = []
+    forward = drafter.runner.forward
+    drafter.runner.forward = lambda rows, *a, **kw: fed.append([len(r) for r in rows]) or forward(rows, *a, **kw)
+    llm.engine.add_request(PROMPT, greedy(n))
+    (seq,) = llm.engine.scheduler.waiting
+    seq.policy = Scripted([0] * 12 + [3, 3])
+    skipped = []
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+        state = drafter._seqs.get(seq.seq_id)
+        if state is not None:
+            skipped.append(state.skipped)
+    out = seq
+    assert out.token_ids[len(PROMPT):] == plain.token_ids
+    assert fed[0] == [len(PROMPT)]  # the prompt prefill
+    assert max(r for rows in fed[1:] for r in rows) == drafter.max_catchup
+    assert skipped[-1] > 0
+    # the identical draft still agrees with the target after the hole (greedy, same weights
+    # but a shifted context: most drafts are still accepted)
+    assert seq.metrics.accepted > 0
+
+
+def test_unbounded_catch_up_feeds_every_unseen_token(models):
+    target, _ = models
+    llm = LLM(target, draft=target, speculative_config=spec(3))
+    drafter = llm.engine.drafter
+    drafter.max_catchup = None
+    llm.engine.add_request(PROMPT, greedy(40))
+    (seq,) = llm.engine.scheduler.waiting
+    seq.policy = Scripted([0] * 12 + [3])
+    while llm.engine.has_unfinished():
+        llm.engine.step()
+        state = drafter._seqs.get(seq.seq_id)
+        if state is not None:
+            assert state.skipped == 0
+    # an identical draft with its full context accepts every draft
+    assert seq.metrics.accepted == seq.metrics.drafted > 0
+
+
+def test_cost_aware_engine_starts_calibrated(models):
+    """cost_aware's cost model is seeded at start-up from timed passes of both models."""
+    target, draft = models
+    llm = LLM(target, draft=draft, speculative_config=spec(-1, max_k=5))
+    measured = llm.engine.calibrate()
+    assert sorted(measured["verify_s"]) == list(range(6))
+    assert measured["draft_step_s"] > 0
+    cost = llm.engine.cost
+    for k, seconds in measured["verify_s"].items():
+        assert cost.verify_time(k) == seconds
+    assert cost.draft_time(3) == pytest.approx(3 * measured["draft_step_s"])
+    # a fixed-k engine does not spend start-up time calibrating
+    assert LLM(target, draft=draft, speculative_config=spec(2)).engine.cost.verify_time(0) == 1.0
