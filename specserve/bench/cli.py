@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -83,9 +84,13 @@ def cmd_bench(args) -> int:
     records = []
     with tqdm(total=bench.count_runs(configs, prompts), desc="bench", unit="run") as bar:
         bench.progress = bar
-        for cfg in configs:
-            for w in cfg.workloads:
-                records += bench.run_config(cfg, w, prompts[w])
+        jobs = [(cfg, w, prompts[w]) for cfg in configs for w in cfg.workloads]
+        done = Counter()
+        for j, rec in bench.run_interleaved(jobs):
+            records.append(rec)
+            cfg, w, _ = jobs[j]
+            done[j] += 1
+            if done[j] == bench.calls_for(cfg):  # its row is complete
                 row = next(r for r in summarize(records) if r["config"] == cfg.name
                            and r["workload"] == w and r["temperature"] == cfg.temperature)
                 bar.write(" | ".join(report.cell(row, k, f) for _, k, f in report.COLUMNS))

@@ -3,6 +3,8 @@ runs share the loaded weights and the machine state, so their ratio is what we r
 
 Protocol (the seed's): one warm-up call per configuration, then `repeats` timed calls for each
 of `seeds` seeds, `max_tokens` new tokens with EOS ignored, prompts through the chat template.
+The timed calls of all configurations are interleaved (round robin), so slow drift of a shared
+machine does not favour whichever configuration ran in a quiet minute.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Iterator
 from pathlib import Path
 
 import torch
@@ -89,21 +92,38 @@ class Bench:
         return [0] if cfg.temperature == 0 else list(range(self.opt.seeds))
 
     def run_config(self, cfg: BenchConfig, workload: str, prompt: str) -> list[dict]:
-        ids = self.prompt_ids(prompt)
-        llm = self._llm(cfg, len(ids))
-        warm = SamplingParams(temperature=cfg.temperature, max_tokens=self.opt.warmup_tokens,
-                              ignore_eos=True, seed=0)
-        llm.generate(ids[:WARMUP_PROMPT_TOKENS], warm)  # kernels and allocations, not a full prefill
-        records = []
-        for seed in self.seeds_for(cfg):
-            for rep in range(self.opt.repeats):
+        """One configuration on one workload: warm-up, then its timed calls."""
+        return [rec for _, rec in self.run_interleaved([(cfg, workload, prompt)])]
+
+    def run_interleaved(self, jobs: list[tuple[BenchConfig, str, str]]
+                        ) -> Iterator[tuple[int, dict]]:
+        """Every (config, workload, prompt) job is built and warmed up first; then the timed
+        calls go round robin (call i of every job, then call i + 1), so a machine that drifts
+        while the benchmark runs slows every configuration alike and the ratios stay fair.
+        Yields (job index, record) as each call finishes."""
+        prepared = []
+        for cfg, _, prompt in jobs:
+            ids = self.prompt_ids(prompt)
+            llm = self._llm(cfg, len(ids))
+            warm = SamplingParams(temperature=cfg.temperature, max_tokens=self.opt.warmup_tokens,
+                                  ignore_eos=True, seed=0)
+            llm.generate(ids[:WARMUP_PROMPT_TOKENS], warm)  # kernels and allocations, not a full prefill
+            calls = [(seed, rep) for seed in self.seeds_for(cfg) for rep in range(self.opt.repeats)]
+            prepared.append((llm, ids, calls))
+        for i in range(max(len(calls) for _, _, calls in prepared)):
+            for j, ((cfg, workload, _), (llm, ids, calls)) in enumerate(zip(jobs, prepared)):
+                if i >= len(calls):
+                    continue
+                seed, rep = calls[i]
                 params = SamplingParams(temperature=cfg.temperature, max_tokens=self.opt.max_tokens,
                                         ignore_eos=True, seed=seed)
                 out = llm.generate(ids, params)[0].outputs[0]
-                records.append(self._record(cfg, workload, seed, rep, ids, out))
                 if self.progress is not None:
                     self.progress.update(1)
-        return records
+                yield j, self._record(cfg, workload, seed, rep, ids, out)
+
+    def calls_for(self, cfg: BenchConfig) -> int:
+        return len(self.seeds_for(cfg)) * self.opt.repeats
 
     def _record(self, cfg, workload, seed, rep, ids, out) -> dict:
         spec = out.spec.as_dict() if out.spec else None
@@ -120,8 +140,7 @@ class Bench:
         return rec
 
     def count_runs(self, configs: list[BenchConfig], workloads: dict) -> int:
-        return sum(len(self.seeds_for(c)) * self.opt.repeats
-                   for c in configs for w in c.workloads if w in workloads)
+        return sum(self.calls_for(c) for c in configs for w in c.workloads if w in workloads)
 
 
 def summarize(records: list[dict]) -> list[dict]:

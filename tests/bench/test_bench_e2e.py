@@ -42,3 +42,21 @@ def test_suite_runs_end_to_end_and_writes_reports(pair, tmp_path, suite):
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert len(pngs) == 4
     assert all((out / p).stat().st_size > 1000 for p in pngs)
+
+
+def test_timed_calls_are_interleaved_round_robin(pair):
+    """Call i of every configuration runs before call i + 1 of any, so drift of a shared
+    machine hits every configuration alike; a greedy configuration makes one call per repeat,
+    a sampled one one per seed and repeat."""
+    from specserve.bench.runner import Bench, BenchOptions
+    from specserve.bench.suites import BenchConfig
+    from specserve.models.loader import load_model
+
+    t, d, _ = pair
+    bench = Bench(load_model(t, "float32"), load_model(d, "float32"),
+                  BenchOptions(max_tokens=4, repeats=1, seeds=3, quality=False))
+    jobs = [(BenchConfig("target only", None, 0.0, ("a",)), "a", "hello cat"),
+            (BenchConfig("fixed 2", {"method": "draft_model", "num_speculative_tokens": 2}, 0.7, ("a",)),
+             "a", "hello cat")]
+    order = [(j, rec["seed"]) for j, rec in bench.run_interleaved(jobs)]
+    assert order == [(0, 0), (1, 0), (1, 1), (1, 2)]
