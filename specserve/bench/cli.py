@@ -82,12 +82,18 @@ def cmd_bench(args) -> int:
     bench = Bench(target, draft, options)
     verify = _verify_cost(args, target)
     records = []
+    suite = args.suite if not args.configs else "custom"
+    args.out.mkdir(parents=True, exist_ok=True)
+    partial = args.out / f"{suite}.records.jsonl"  # every record as it comes: an interrupted run keeps them
+    partial.write_text("")
     with tqdm(total=bench.count_runs(configs, prompts), desc="bench", unit="run") as bar:
         bench.progress = bar
         jobs = [(cfg, w, prompts[w]) for cfg in configs for w in cfg.workloads]
         done = Counter()
         for j, rec in bench.run_interleaved(jobs):
             records.append(rec)
+            with partial.open("a") as f:
+                f.write(json.dumps(rec, default=str) + "\n")
             cfg, w, _ = jobs[j]
             done[j] += 1
             if done[j] == bench.calls_for(cfg):  # its row is complete
@@ -101,7 +107,6 @@ def cmd_bench(args) -> int:
     machine["weights"] = args.weights
     machine["target_load_s"] = target.load_seconds
     machine["draft_load_s"] = draft.load_seconds if draft else None
-    suite = args.suite if not args.configs else "custom"
     machine["verify_cost_s"] = verify
     out = report.write_report(args.out, suite, machine, asdict(options), records, rows, peer_rows)
     print(report.markdown_table(rows))

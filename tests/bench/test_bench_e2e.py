@@ -41,6 +41,8 @@ def test_suite_runs_end_to_end_and_writes_reports(pair, tmp_path, suite):
     assert "| config |" in md and "target only" in md
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert len(pngs) == 4
+    lines = (out / f"{suite}.records.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == data["records"]
     assert all((out / p).stat().st_size > 1000 for p in pngs)
 
 
