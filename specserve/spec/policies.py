@@ -170,9 +170,16 @@ class CostModel:
     line assumes each extra row costs `DEFAULT_VERIFY_ROW_RATIO` of a decode step; with one
     draft point, a cost proportional to the steps. Before anything is measured, a decode
     step is the unit and a draft step costs `DEFAULT_DRAFT_STEP_RATIO` of it.
+
+    Once `seed`ed from a calibration, the calibration fixes the *shape*: how the cost grows
+    with k (on the native kernels it rises in steps of four rows, which no line captures),
+    and observations only move two scales, one for drafting and one for the rest of the
+    round (EMA of observed / calibrated). A shared machine that slows down for a minute
+    then slows every k alike, and the choice between them, which depends on their ratios,
+    does not wander with the noise of whichever k happened to be measured in a slow second.
     """
 
-    __slots__ = ("_draft", "_verify", "_lines")
+    __slots__ = ("_draft", "_verify", "_lines", "_ema", "_base", "_scales")
 
     def __init__(self, ema: float = 0.2, max_age: int = 256) -> None:
         if not 0.0 < ema <= 1.0:
@@ -182,33 +189,50 @@ class CostModel:
         self._draft = _Timings(ema, max_age)  # draft steps → seconds of drafting them
         self._verify = _Timings(ema, max_age)  # k → seconds of a target pass over k + 1 rows
         self._lines: tuple[_Line, _Line] | None = None  # (draft, verify) fits; None = stale
+        self._ema = ema
+        self._base: CostModel | None = None  # the calibration (shape), once seeded
+        self._scales = [1.0, 1.0]  # observed / calibrated: [drafting, the rest of a round]
 
     def seed(self, draft_step_s: float, verify_times: dict[int, float]) -> None:
-        """Start from a calibration: one draft step's time and verify times by k."""
-        self._draft.reset({1: _check_seconds("draft_step_s", draft_step_s)})
-        self._verify.reset(
+        """Start from a calibration: one draft step's time and verify times by k. From then
+        on the calibration is the shape and observations scale it (see the class doc)."""
+        base = CostModel()
+        base._draft.reset({1: _check_seconds("draft_step_s", draft_step_s)})
+        base._verify.reset(
             {_check_k(k): _check_seconds("verify_times", s) for k, s in verify_times.items()}
         )
-        self._lines = None
+        self._base, self._scales = base, [1.0, 1.0]
 
     def observe_draft(self, num_steps: int, seconds: float) -> None:
         """One round's drafting took `seconds` for `num_steps` draft steps (0: no drafting)."""
         if num_steps > 0:
-            self._draft.update(num_steps, _check_seconds("seconds", seconds))
+            seconds = _check_seconds("seconds", seconds)
+            self._draft.update(num_steps, seconds)
             self._lines = None
+            self._rescale(0, seconds, self._base.draft_time(num_steps) if self._base else 0.0)
 
     def observe_verify(self, k: int, seconds: float) -> None:
         """A target pass over k + 1 rows took `seconds` (k = 0: a plain decode step)."""
-        self._verify.update(_check_k(k), _check_seconds("seconds", seconds))
+        seconds = _check_seconds("seconds", seconds)
+        self._verify.update(_check_k(k), seconds)
         self._lines = None
+        self._rescale(1, seconds, self._base.verify_time(k) if self._base else 0.0)
+
+    def _rescale(self, which: int, seconds: float, calibrated: float) -> None:
+        if calibrated > 0:
+            self._scales[which] += self._ema * (seconds / calibrated - self._scales[which])
 
     def draft_time(self, k: int) -> float:
         if k <= 0:
             return 0.0
+        if self._base is not None:
+            return self._base.draft_time(k) * self._scales[0]
         measured = self._draft.values.get(k)
         return measured if measured is not None else self._fits()[0].at(k)
 
     def verify_time(self, k: int) -> float:
+        if self._base is not None:
+            return self._base.verify_time(k) * self._scales[1]
         measured = self._verify.values.get(k)
         return measured if measured is not None else self._fits()[1].at(k + 1)
 

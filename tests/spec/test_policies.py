@@ -394,3 +394,23 @@ def test_cost_aware_does_not_draft_for_a_gain_inside_its_margin():
     assert eager.best_k(1) == 1
     with pytest.raises(ValueError, match="margin"):
         CostAwarePolicy(cost, margin=-0.1)
+
+
+def test_seeded_cost_model_keeps_the_calibrated_shape_and_scales_it():
+    """After a calibration, observations scale every k alike: a machine that slows down
+    keeps the ratios between k (the step at four rows included), so the choice holds."""
+    cost = CostModel(ema=0.5)
+    shape = {0: 0.100, 1: 0.115, 2: 0.130, 3: 0.140, 4: 0.180, 7: 0.270}
+    cost.seed(0.050, shape)
+    assert cost.verify_time(3) == pytest.approx(0.140)
+    assert cost.verify_time(5) == pytest.approx(cost.verify_time(4) + (cost.verify_time(7) - cost.verify_time(4)) / 3, rel=0.2)
+    for _ in range(30):  # everything now runs twice as slowly, observed at k = 3 only
+        cost.observe_verify(3, 0.280)
+        cost.observe_draft(3, 0.300)
+    for k, seconds in shape.items():
+        assert cost.verify_time(k) == pytest.approx(2 * seconds, rel=1e-3)
+    assert cost.draft_time(5) == pytest.approx(2 * 5 * 0.050, rel=1e-3)
+    ratios = [cost.round_time(k) / cost.round_time(0) for k in range(5)]
+    calm = CostModel()
+    calm.seed(0.050, shape)
+    assert ratios == pytest.approx([calm.round_time(k) / calm.round_time(0) for k in range(5)], rel=1e-3)
