@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import itertools
 import random
+import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -62,18 +64,29 @@ class LLMEngine:
         self._ids = itertools.count()
         self._seeds = random.Random()
 
-    def calibrate(self, prefix_len: int = 32, repeats: int = 2) -> dict:
+    def calibrate(self, prefix_len: int = 32, repeats: int = 3) -> dict:
         """Seed the cost model from timed passes, so a cost-aware policy's first rounds
         already know this machine: target passes over k + 1 rows for k = 0..cap, and one draft
-        model step (a drafter without a model drafts for free). Online measurements take over
-        from there. Needs a free slot in each cache; returns what it measured."""
+        model step (a drafter without a model drafts for free). The calibration fixes the
+        shape of cost against k for the engine's life, so it is taken with care: every pass is
+        timed `repeats` times, all of them in turn round after round (drift hits each alike),
+        and the median kept. Needs a free slot in each cache; returns what it measured."""
         spec = self.spec
         cap = spec.max_k if spec.num_speculative_tokens == -1 else spec.num_speculative_tokens
-        verify = self.runner.time_passes(list(range(cap + 1)), prefix_len, repeats)
         draft_runner = getattr(self.drafter, "runner", None)
-        draft_step = draft_runner.time_passes([0], prefix_len, repeats)[0] if draft_runner else 0.0
-        self.cost.seed(draft_step, verify)
-        return {"draft_step_s": draft_step, "verify_s": verify}
+        verify: dict[int, list[float]] = {k: [] for k in range(cap + 1)}
+        draft: list[float] = []
+        with self.runner.pass_timer(prefix_len) as time_target, \
+                (draft_runner.pass_timer(prefix_len) if draft_runner else nullcontext()) as time_draft:
+            for _ in range(repeats):
+                if time_draft is not None:
+                    draft.append(time_draft(0))
+                for k in verify:
+                    verify[k].append(time_target(k))
+        medians = {k: statistics.median(v) for k, v in verify.items()}
+        draft_step = statistics.median(draft) if draft else 0.0
+        self.cost.seed(draft_step, medians)
+        return {"draft_step_s": draft_step, "verify_s": medians}
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 
 import torch
 
@@ -29,24 +30,36 @@ class ModelRunner:
 
     def time_passes(self, ks: list[int], prefix_len: int = 256, repeats: int = 5) -> dict[int, float]:
         """Median seconds of a pass over k + 1 rows after a cached prefix of `prefix_len`
-        tokens, for each k in `ks` (k = 0 is a decode step). Needs one free slot; the prefix is
-        prefilled once and each pass rewrites the same positions."""
+        tokens, for each k in `ks` (k = 0 is a decode step). The ks are timed in turn, round
+        after round, so a machine that drifts meanwhile skews them alike."""
+        samples: dict[int, list[float]] = {k: [] for k in ks}
+        with self.pass_timer(prefix_len) as time_pass:
+            for _ in range(repeats):
+                for k in ks:
+                    samples[k].append(time_pass(k))
+        return {k: statistics.median(v) for k, v in samples.items()}
+
+    @contextmanager
+    def pass_timer(self, prefix_len: int):
+        """A function k → seconds of one pass over k + 1 random rows after a cached random
+        prefix of `prefix_len` tokens (each pass rewrites the same positions; the first pass
+        of each k is an untimed warm-up). Holds one free slot while open."""
         vocab = self.model.cfg.vocab_size
         g = torch.Generator().manual_seed(0)
         prefix = torch.randint(0, vocab, (prefix_len,), generator=g).tolist()
         slot = self.cache.allocate()
+        rows: dict[int, list[list[int]]] = {}
+
+        def time_pass(k: int) -> float:
+            if k not in rows:
+                rows[k] = [torch.randint(0, vocab, (k + 1,), generator=g).tolist()]
+                self.forward(rows[k], [prefix_len], [slot])  # warm-up
+            start = time.perf_counter()
+            self.forward(rows[k], [prefix_len], [slot])
+            return time.perf_counter() - start
+
         try:
             self.forward([prefix], [0], [slot], [1])
-            times = {}
-            for k in ks:
-                rows = [torch.randint(0, vocab, (k + 1,), generator=g).tolist()]
-                self.forward(rows, [prefix_len], [slot])  # warm-up
-                samples = []
-                for _ in range(repeats):
-                    start = time.perf_counter()
-                    self.forward(rows, [prefix_len], [slot])
-                    samples.append(time.perf_counter() - start)
-                times[k] = statistics.median(samples)
-            return times
+            yield time_pass
         finally:
             self.cache.release(slot)
