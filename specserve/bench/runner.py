@@ -91,10 +91,6 @@ class Bench:
         # greedy output does not depend on the seed: one seed, same number of timed calls
         return [0] if cfg.temperature == 0 else list(range(self.opt.seeds))
 
-    def run_config(self, cfg: BenchConfig, workload: str, prompt: str) -> list[dict]:
-        """One configuration on one workload: warm-up, then its timed calls."""
-        return [rec for _, rec in self.run_interleaved([(cfg, workload, prompt)])]
-
     def run_interleaved(self, jobs: list[tuple[BenchConfig, str, str]]
                         ) -> Iterator[tuple[int, dict]]:
         """Every (config, workload, prompt) job is built and warmed up first; then the timed

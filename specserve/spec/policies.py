@@ -207,18 +207,23 @@ class CostModel:
         """One round's drafting took `seconds` for `num_steps` draft steps (0: no drafting)."""
         if num_steps > 0:
             seconds = _check_seconds("seconds", seconds)
-            self._draft.update(num_steps, seconds)
-            self._lines = None
-            self._rescale(0, seconds, self._base.draft_time(num_steps) if self._base else 0.0)
+            if self._base is not None:
+                self._rescale(0, seconds, self._base.draft_time(num_steps))
+            else:
+                self._draft.update(num_steps, seconds)
+                self._lines = None
 
     def observe_verify(self, k: int, seconds: float) -> None:
         """A target pass over k + 1 rows took `seconds` (k = 0: a plain decode step)."""
-        seconds = _check_seconds("seconds", seconds)
-        self._verify.update(_check_k(k), seconds)
-        self._lines = None
-        self._rescale(1, seconds, self._base.verify_time(k) if self._base else 0.0)
+        seconds, k = _check_seconds("seconds", seconds), _check_k(k)
+        if self._base is not None:
+            self._rescale(1, seconds, self._base.verify_time(k))
+        else:
+            self._verify.update(k, seconds)
+            self._lines = None
 
     def _rescale(self, which: int, seconds: float, calibrated: float) -> None:
+        """Seeded: only the scale moves (the per-k timings are not read once seeded)."""
         if calibrated > 0:
             self._scales[which] += self._ema * (seconds / calibrated - self._scales[which])
 
