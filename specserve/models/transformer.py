@@ -67,6 +67,18 @@ ATTN_DTYPE = torch.float32
 BATCH_INVARIANT_ROWS = 64
 
 
+def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Attention of one query position on every key given: q `[1, heads, 1, hd]`, keys and
+    values `[1, kv_heads, n, hd]` → `[1, heads, 1, hd]`. The query heads that share a KV head
+    become that head's rows (head h reads KV head h // (heads / kv_heads), as grouped-query
+    attention defines), so the keys are read in place: `enable_gqa` would first copy them
+    for every query head, which at a context of a thousand tokens cost a decode step of the
+    1.5B target more than its whole attention arithmetic (and a verify pass that, per row)."""
+    _, heads, _, hd = q.shape
+    grouped = q.reshape(1, keys.shape[1], heads // keys.shape[1], hd)  # [1, kv, group, hd]
+    return F.scaled_dot_product_attention(grouped, keys, values).reshape(1, heads, 1, hd)
+
+
 class Linear:
     """A weight (and optional bias) applied as `x @ W.T + b`; quantized formats replace it."""
 
@@ -161,6 +173,8 @@ class Transformer:
             cache.write(i, batch.slots, batch.starts, batch.lengths, k, v)
             if per_position:
                 attn = self._attend_per_position(i, batch, q, cache)
+            elif mask is None:  # one decode row
+                attn = attend_one(q, *cache.read(i, batch.slots, end))
             else:
                 keys, values = cache.read(i, batch.slots, end)  # [batch, kv, end, hd]
                 attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
@@ -180,8 +194,7 @@ class Transformer:
         for row, (slot, start, n) in enumerate(zip(batch.slots, batch.starts, batch.lengths)):
             for t in range(n):
                 keys, values = cache.read(layer, [slot], start + t + 1)  # [1, kv, pos + 1, hd]
-                out[row:row + 1, :, t:t + 1] = F.scaled_dot_product_attention(
-                    q[row:row + 1, :, t:t + 1], keys, values, enable_gqa=True)
+                out[row:row + 1, :, t:t + 1] = attend_one(q[row:row + 1, :, t:t + 1], keys, values)
         return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
