@@ -11,6 +11,7 @@ COLUMNS = [("config", "config", "{}"), ("T", "temperature", "{:g}"), ("workload"
            ("rounds/req", "rounds_per_request", "{:.1f}"), ("TTFT s", "median_ttft_s", "{:.2f}"),
            ("decode tok/s", "decode_tokens_per_s", "{:.2f}"), ("E2E median s", "median_e2e_s", "{:.2f}"),
            ("E2E IQR s", None, None), ("speedup", "speedup_decode", "{:.2f}x"),
+           ("paired speedup", "speedup_paired", "{:.2f}x"),
            ("E2E speedup", "speedup_e2e", "{:.2f}x"), ("mean TV", "mean_tv", "{:.3f}"),
            ("NLL", "nll", "{:.3f}"), ("dist-2", "distinct_2", "{:.3f}"), ("dist-3", "distinct_3", "{:.3f}"),
            ("k histogram", "k_histogram", None)]
@@ -62,7 +63,9 @@ def write_report(out_dir: Path, suite: str, machine: dict, options: dict, record
           f"Machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
           f"{machine['threads']} threads, dtype {machine['dtype']} ({machine['time']}).",
           f"Protocol: {options}.", "",
-          "Speedup = median decode tokens/s over target-only in the same run; E2E speedup = "
+          "Speedup = median decode tokens/s over target-only in the same run; paired speedup = "
+          "median over calls of decode tokens/s over the target-only call of the same seed and "
+          "repeat (the same round of the round robin); E2E speedup = "
           "target-only median E2E over this median E2E. NLL = the target's mean negative "
           "log-likelihood per generated token; mean TV = realised TV(π, p) per verified draft "
           "position.", "", markdown_table(rows), ""]

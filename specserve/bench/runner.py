@@ -116,7 +116,10 @@ class Bench:
                 out = llm.generate(ids, params)[0].outputs[0]
                 if self.progress is not None:
                     self.progress.update(1)
-                yield j, self._record(cfg, workload, seed, rep, ids, out)
+                record = self._record(cfg, workload, seed, rep, ids, out)
+                if out.spec is not None:  # what the engine's cost model believed after the call
+                    record["cost_model"] = llm.engine.cost.snapshot()
+                yield j, record
 
     def calls_for(self, cfg: BenchConfig) -> int:
         return len(self.seeds_for(cfg)) * self.opt.repeats
@@ -141,16 +144,24 @@ class Bench:
 
 def summarize(records: list[dict]) -> list[dict]:
     """One row per (config, temperature, workload), with speedups over the target-only row of
-    the same temperature and workload."""
+    the same temperature and workload: the ratio of the medians, and the paired speedup, the
+    median over calls of the call's decode rate over the target-only call with the same seed
+    and repeat, which ran in the same round of the round robin, minutes apart at most, so the
+    drift of a shared machine between rounds cancels out."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         groups.setdefault((r["config"], r["temperature"], r["workload"]), []).append(r)
     rows = [_row(key, rs) for key, rs in groups.items()]
     base = {(r["temperature"], r["workload"]): r for r in rows if r["config"] == "target only"}
-    for r in rows:
+    base_calls = {(r["temperature"], r["workload"], r["seed"], r["repeat"]): r["decode_tokens_per_s"]
+                  for r in records if r["config"] == "target only"}
+    for r, rs in zip(rows, groups.values()):
         b = base.get((r["temperature"], r["workload"]))
         r["speedup_decode"] = r["decode_tokens_per_s"] / b["decode_tokens_per_s"] if b else None
         r["speedup_e2e"] = b["median_e2e_s"] / r["median_e2e_s"] if b else None
+        paired = [c["decode_tokens_per_s"] / base_calls[key] for c in rs
+                  if (key := (c["temperature"], c["workload"], c["seed"], c["repeat"])) in base_calls]
+        r["speedup_paired"] = statistics.median(paired) if paired else None
     return rows
 
 

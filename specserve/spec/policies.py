@@ -203,6 +203,17 @@ class CostModel:
         )
         self._base, self._scales = base, [1.0, 1.0]
 
+    def snapshot(self) -> dict:
+        """What the model currently believes, for reports: seconds of drafting k tokens and
+        of the rest of a round with k drafts, for the ks measured or calibrated, and the
+        observed / calibrated scales once seeded."""
+        verify = self._base._verify.values if self._base is not None else self._verify.values
+        ks = sorted({0, *verify})
+        return {"seeded": self._base is not None,
+                "scales": list(self._scales) if self._base is not None else None,
+                "draft_s": {k: self.draft_time(k) for k in ks if k > 0},
+                "verify_s": {k: self.verify_time(k) for k in ks}}
+
     def observe_draft(self, num_steps: int, seconds: float) -> None:
         """One round's drafting took `seconds` for `num_steps` draft steps (0: no drafting)."""
         if num_steps > 0:

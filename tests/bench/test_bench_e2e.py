@@ -35,6 +35,7 @@ def test_suite_runs_end_to_end_and_writes_reports(pair, tmp_path, suite):
     rec = next(r for r in data["records"] if r["speculative"])
     assert {"e2e_s", "ttft_s", "decode_tokens_per_s", "nll", "distinct_2", "distinct_3"} <= set(rec)
     assert {"acceptance_rate", "mean_acceptance_length", "rounds", "k_histogram", "mean_tv"} <= set(rec["speculative"])
+    assert "0" in rec["cost_model"]["verify_s"]  # what the engine's cost model believed
     row = next(r for r in data["summary"] if r["config"] != "target only")
     assert row["speedup_decode"] is not None and row["acceptance"] is not None
     md = (out / f"{suite}.md").read_text()

@@ -414,3 +414,7 @@ def test_seeded_cost_model_keeps_the_calibrated_shape_and_scales_it():
     calm = CostModel()
     calm.seed(0.050, shape)
     assert ratios == pytest.approx([calm.round_time(k) / calm.round_time(0) for k in range(5)], rel=1e-3)
+    snap = cost.snapshot()
+    assert snap["seeded"] and snap["scales"] == pytest.approx([2.0, 2.0], rel=1e-3)
+    assert snap["verify_s"] == pytest.approx({k: 2 * s for k, s in shape.items()}, rel=1e-3)
+    assert snap["draft_s"][7] == pytest.approx(2 * 7 * 0.050, rel=1e-3)
