@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import itertools
 import random
-import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from specserve.engine.outputs import CompletionOutput, RequestOutput
-from specserve.engine.runner import ModelRunner
+from specserve.engine.runner import ModelRunner, median_round_robin
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.sequence import Sequence, Status
 from specserve.models.tokenizer import Tokenizer
@@ -74,17 +74,13 @@ class LLMEngine:
         spec = self.spec
         cap = spec.max_k if spec.num_speculative_tokens == -1 else spec.num_speculative_tokens
         draft_runner = getattr(self.drafter, "runner", None)
-        verify: dict[int, list[float]] = {k: [] for k in range(cap + 1)}
-        draft: list[float] = []
         with self.runner.pass_timer(prefix_len) as time_target, \
                 (draft_runner.pass_timer(prefix_len) if draft_runner else nullcontext()) as time_draft:
-            for _ in range(repeats):
-                if time_draft is not None:
-                    draft.append(time_draft(0))
-                for k in verify:
-                    verify[k].append(time_target(k))
-        medians = {k: statistics.median(v) for k, v in verify.items()}
-        draft_step = statistics.median(draft) if draft else 0.0
+            timers = {k: partial(time_target, k) for k in range(cap + 1)}
+            if time_draft is not None:
+                timers["draft"] = partial(time_draft, 0)
+            medians = median_round_robin(timers, repeats)
+        draft_step = medians.pop("draft", 0.0)
         self.cost.seed(draft_step, medians)
         return {"draft_step_s": draft_step, "verify_s": medians}
 

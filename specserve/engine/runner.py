@@ -5,6 +5,8 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import contextmanager
+from functools import partial
+from typing import Callable, Hashable
 
 import torch
 
@@ -32,12 +34,8 @@ class ModelRunner:
         """Median seconds of a pass over k + 1 rows after a cached prefix of `prefix_len`
         tokens, for each k in `ks` (k = 0 is a decode step). The ks are timed in turn, round
         after round, so a machine that drifts meanwhile skews them alike."""
-        samples: dict[int, list[float]] = {k: [] for k in ks}
         with self.pass_timer(prefix_len) as time_pass:
-            for _ in range(repeats):
-                for k in ks:
-                    samples[k].append(time_pass(k))
-        return {k: statistics.median(v) for k, v in samples.items()}
+            return median_round_robin({k: partial(time_pass, k) for k in ks}, repeats)
 
     @contextmanager
     def pass_timer(self, prefix_len: int):
@@ -63,3 +61,14 @@ class ModelRunner:
             yield time_pass
         finally:
             self.cache.release(slot)
+
+
+def median_round_robin(timers: dict[Hashable, Callable[[], float]], repeats: int
+                       ) -> dict[Hashable, float]:
+    """Median of `repeats` calls of each timer (a function returning seconds), called in turn
+    round after round, so a machine that drifts meanwhile skews them alike."""
+    samples: dict[Hashable, list[float]] = {key: [] for key in timers}
+    for _ in range(repeats):
+        for key, timer in timers.items():
+            samples[key].append(timer())
+    return {key: statistics.median(v) for key, v in samples.items()}

@@ -142,9 +142,7 @@ class Transformer:
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [batch, 1, T, head_dim]
         return emb.cos(), emb.sin()
 
-    def _mask(self, batch: ForwardBatch, width: int, end: int) -> torch.Tensor | None:
-        if len(batch.starts) == 1 and width == 1:
-            return None  # one decode row attends to every cached key
+    def _mask(self, batch: ForwardBatch, width: int, end: int) -> torch.Tensor:
         starts = torch.tensor(batch.starts)[:, None, None]  # [batch, 1, 1]
         q_pos = starts + torch.arange(width)[None, :, None]  # [batch, T, 1]
         k_pos = torch.arange(end)[None, None, :]  # [1, 1, end]
@@ -158,7 +156,7 @@ class Transformer:
         positions = torch.tensor(batch.starts)[:, None] + torch.arange(width)  # [batch, T]
         cos, sin = self._rope(positions)
         end = max(s + n for s, n in zip(batch.starts, batch.lengths))
-        per_position = 1 < bsz * width <= BATCH_INVARIANT_ROWS
+        per_position = bsz * width <= BATCH_INVARIANT_ROWS  # decode steps and verify passes
         mask = None if per_position else self._mask(batch, width, end)
         q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         x = F.embedding(batch.tokens, self.embed).to(self.act_dtype)  # [batch, T, hidden]
@@ -173,8 +171,6 @@ class Transformer:
             cache.write(i, batch.slots, batch.starts, batch.lengths, k, v)
             if per_position:
                 attn = self._attend_per_position(i, batch, q, cache)
-            elif mask is None:  # one decode row
-                attn = attend_one(q, *cache.read(i, batch.slots, end))
             else:
                 keys, values = cache.read(i, batch.slots, end)  # [batch, kv, end, hd]
                 attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
