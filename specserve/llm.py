@@ -12,10 +12,10 @@ from specserve.models.loader import LoadedModel, load_model
 from specserve.models.registry import DEFAULT_TARGET
 from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.params import SamplingParams
-from specserve.spec.config import SpeculativeConfig
-from specserve.spec.draft_model import DraftModelDrafter
-from specserve.spec.drafter import Drafter
-from specserve.spec.ngram import NgramDrafter
+from specserve.speculative.config import SpeculativeConfig
+from specserve.speculative.draft_model import DraftModelDrafter
+from specserve.speculative.drafter import Drafter
+from specserve.speculative.ngram import NgramDrafter
 
 
 class LLM:

@@ -108,9 +108,9 @@ def toy_engine(P, Q, k: int, budget: float = 0.0, bonus: bool = True, max_num_se
                eos: int | None = None, max_len: int = 64, method: str = "draft_model"):
     from specserve.engine.engine import EngineConfig, LLMEngine
     from specserve.engine.runner import ModelRunner
-    from specserve.spec.config import SpeculativeConfig
-    from specserve.spec.draft_model import DraftModelDrafter
-    from specserve.spec.ngram import NgramDrafter
+    from specserve.speculative.config import SpeculativeConfig
+    from specserve.speculative.draft_model import DraftModelDrafter
+    from specserve.speculative.ngram import NgramDrafter
 
     runner = ModelRunner(BigramModel(P), max_num_seqs, max_len)
     if method == "ngram":

@@ -8,11 +8,14 @@ from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from specserve.bench import peers, report, suites
-from specserve.bench.runner import Bench, BenchOptions, log, machine_info, summarize, workload_prompts
+from specserve.bench import peers, report, suites, workloads
+from specserve.bench.runner import Bench, BenchOptions, log, machine_info, summarize
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
-DEFAULT_WORKLOADS = Path(__file__).resolve().parents[2].parent / "shared" / "workloads"
+# what each optional part of the benchmark imports, and the extra that brings it
+OPTIONAL = {"plots": (("matplotlib",), "matplotlib"),
+            "transformers": (("transformers", "accelerate"), "transformers accelerate"),
+            "llama.cpp": (("llama_cpp",), "llama-cpp-python")}
 
 
 def add_parser(sub) -> None:
@@ -25,9 +28,13 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--weights", default="bf16", choices=["bf16", "int8", "int4"])
     p.add_argument("--workloads", nargs="*", default=None, help="restrict to these workload names")
-    p.add_argument("--workload-dir", type=Path, default=DEFAULT_WORKLOADS)
+    p.add_argument("--list-workloads", action="store_true",
+                   help="list the shipped workloads and exit")
+    p.add_argument("--workload-dir", type=Path, default=None,
+                   help="read every workload NAME from DIR/NAME.txt instead of the shipped set")
     p.add_argument("--prompt-file", action="append", default=[], metavar="NAME=PATH",
-                   help="extra or replacement workload (repeatable)")
+                   help="a workload of your own, or a replacement for a shipped one (repeatable); "
+                   "a suite runs every config on it, a --configs list only where a config names it")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seeds", type=int, default=3)
@@ -42,7 +49,23 @@ def add_parser(sub) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+def prompt_files(args) -> dict[str, Path]:
+    """`--prompt-file NAME=PATH` flags as name → path."""
+    files = {}
+    for flag in args.prompt_file:
+        name, sep, path = flag.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--prompt-file must be NAME=PATH, got {flag!r}")
+        files[name] = Path(path)
+    return files
+
+
 def load_configs(args) -> list[suites.BenchConfig]:
+    """The configurations to run. A `--configs` list keeps each config's own workloads (a
+    `--prompt-file` only supplies prompts for the names it lists); a suite also runs every
+    config on each `--prompt-file` workload it does not already have. `--workloads` then
+    keeps only the names it gives."""
+    extra = tuple(prompt_files(args))
     if args.configs:
         text = args.configs
         if not text.lstrip().startswith("["):  # a file holding the JSON list
@@ -50,27 +73,60 @@ def load_configs(args) -> list[suites.BenchConfig]:
         raw = json.loads(text)
         configs = [suites.BenchConfig(c["name"], c.get("spec"), c.get("temperature", 0.0),
                                       tuple(c.get("workloads", ["creative"]))) for c in raw]
-    elif args.suite == "seed-table":
-        configs = suites.seed_table(bonus=not args.no_bonus_rows)
     else:
-        configs = suites.get_suite(args.suite)
-    extra = tuple(name for name, _ in (f.split("=", 1) for f in args.prompt_file))
-    if args.workloads or extra:
-        keep = tuple(args.workloads or ()) + extra
-        configs = [replace(c, workloads=tuple(w for w in keep if w in c.workloads or w in extra))
+        configs = (suites.seed_table(bonus=not args.no_bonus_rows) if args.suite == "seed-table"
+                   else suites.get_suite(args.suite))
+        configs = [replace(c, workloads=tuple(dict.fromkeys(c.workloads + extra))) for c in configs]
+    if args.workloads:
+        configs = [replace(c, workloads=tuple(w for w in c.workloads if w in args.workloads))
                    for c in configs]
-    return configs
+    return [c for c in configs if c.workloads]
+
+
+def missing_optional(args) -> tuple[list[str], list[str]]:
+    """What this run wants but cannot import: (error lines for requested peers, notes for
+    parts that are skipped). Checked before anything loads or runs."""
+    import importlib.util
+
+    def absent(part: str) -> str | None:
+        modules, package = OPTIONAL[part]
+        if all(importlib.util.find_spec(m) is not None for m in modules):
+            return None
+        return package
+
+    errors = [f"--compare {peer} needs `pip install {pkg}`" for peer in dict.fromkeys(args.compare)
+              if (pkg := absent(peer))]
+    notes = [f"matplotlib is not installed: the PNG plots are skipped (`pip install {pkg}` or "
+             f"`pip install specserve[bench]` to get them)"] if (pkg := absent("plots")) else []
+    return errors, notes
+
+
+def list_workloads() -> int:
+    for name in workloads.names():
+        text = workloads.load(name)
+        first = text.strip().splitlines()[0]
+        print(f"{name:<12} {len(text):>6} chars  {first[:70]}{'…' if len(first) > 70 else ''}")
+    return 0
 
 
 def cmd_bench(args) -> int:
+    if args.list_workloads:
+        return list_workloads()
+    configs = load_configs(args)
+    if not configs:
+        raise ValueError("no configuration has a workload left to run (check --workloads)")
+    names = tuple(dict.fromkeys(w for c in configs for w in c.workloads))
+    prompts = workloads.resolve(names, prompt_files(args), args.workload_dir)
+    errors, notes = missing_optional(args)
+    if errors:
+        raise ValueError("; ".join(errors))
+    for note in notes:
+        log(f"# {note}")
+
     from tqdm import tqdm
 
     from specserve.models.loader import load_model
 
-    configs = load_configs(args)
-    files = {name: Path(path) for name, path in (f.split("=", 1) for f in args.prompt_file)}
-    names = tuple(dict.fromkeys(w for c in configs for w in c.workloads))
-    prompts = workload_prompts(names, args.workload_dir, files)
     options = BenchOptions(max_tokens=args.max_tokens, repeats=args.repeats, seeds=args.seeds,
                            quality=not args.no_quality)
     target = load_model(args.model, args.dtype, args.weights)
@@ -108,7 +164,8 @@ def cmd_bench(args) -> int:
     machine["target_load_s"] = target.load_seconds
     machine["draft_load_s"] = draft.load_seconds if draft else None
     machine["verify_cost_s"] = verify
-    out = report.write_report(args.out, suite, machine, asdict(options), records, rows, peer_rows)
+    out = report.write_report(args.out, suite, machine, asdict(options), records, rows, peer_rows,
+                              plots=not notes)
     print(report.markdown_table(rows))
     if peer_rows:
         print()

@@ -51,14 +51,17 @@ def peer_table(rows: list[dict]) -> str:
 
 
 def write_report(out_dir: Path, suite: str, machine: dict, options: dict, records: list[dict],
-                 rows: list[dict], peers: list[dict] | None = None) -> dict[str, Path]:
+                 rows: list[dict], peers: list[dict] | None = None, plots: bool = True
+                 ) -> dict[str, Path]:
+    """JSON and Markdown reports, and the PNG plots unless `plots` is False (no matplotlib)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", suite)
     files = {"json": out_dir / f"{stem}.json", "markdown": out_dir / f"{stem}.md"}
     payload = {"suite": suite, "machine": machine, "options": options, "summary": rows,
                "records": records, "peers": peers or []}
     files["json"].write_text(json.dumps(payload, indent=1, default=str))
-    files.update(write_plots(out_dir, stem, rows))
+    if plots:
+        files.update(write_plots(out_dir, stem, rows))
     md = [f"# specserve bench: {suite}", "",
           f"Machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
           f"{machine['threads']} threads, dtype {machine['dtype']} ({machine['time']}).",

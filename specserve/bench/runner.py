@@ -41,16 +41,6 @@ class BenchOptions:
     chat: bool = True
 
 
-def workload_prompts(names: tuple[str, ...], directory: Path, files: dict[str, Path]) -> dict[str, str]:
-    prompts = {}
-    for name in names:
-        path = files.get(name) or directory / f"{name}.txt"
-        if not path.exists():
-            raise ValueError(f"workload {name!r}: no prompt file {path}")
-        prompts[name] = path.read_text()
-    return prompts
-
-
 def machine_info(dtype: str) -> dict:
     cpu = platform.processor()
     try:

@@ -26,10 +26,10 @@ from specserve.sampling.params import SamplingParams
 from specserve.sampling.processors import processed_probs
 from specserve.sampling.rejection import VerifyResult, verify, verify_greedy
 from specserve.sampling.stop import StopChecker, finish_reason_for_token
-from specserve.spec.config import SpeculativeConfig
-from specserve.spec.drafter import EMPTY, Drafter, Proposal
-from specserve.spec.metrics import EngineMetrics
-from specserve.spec.policies import CostModel, FixedPolicy, make_policy
+from specserve.speculative.config import SpeculativeConfig
+from specserve.speculative.drafter import EMPTY, Drafter, Proposal
+from specserve.speculative.metrics import EngineMetrics
+from specserve.speculative.policies import CostModel, FixedPolicy, make_policy
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ import torch
 
 from specserve.sampling.params import SamplingParams
 from specserve.sampling.stop import StopChecker
-from specserve.spec.metrics import SpecMetrics
+from specserve.speculative.metrics import SpecMetrics
 
 
 class Status(Enum):

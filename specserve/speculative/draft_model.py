@@ -23,7 +23,7 @@ from specserve.engine.runner import ModelRunner
 from specserve.engine.sequence import Sequence
 from specserve.sampling.processors import needs_history, processed_probs
 from specserve.sampling.rejection import sample_from
-from specserve.spec.drafter import EMPTY, Proposal
+from specserve.speculative.drafter import EMPTY, Proposal
 
 
 DEFAULT_MAX_CATCHUP = 4  # newest unseen tokens fed before drafting; older ones are skipped

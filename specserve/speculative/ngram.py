@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specserve.spec.drafter import EMPTY, Proposal
+from specserve.speculative.drafter import EMPTY, Proposal
 
 if TYPE_CHECKING:
     from specserve.engine.sequence import Sequence

@@ -3,20 +3,17 @@ target-only decoding on the code workload."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from specserve.bench import workloads
 from specserve.llm import LLM
 from specserve.models.loader import load_model
 from specserve.sampling.params import SamplingParams
 from tests.conftest import real_model_path
 
-WORKLOAD = Path(__file__).resolve().parents[3] / "shared" / "workloads" / "code_edit.txt"
-
 
 def test_default_pair_greedy_speculative_equals_target_only(two_threads):
     target = load_model(real_model_path("qwen2.5-coder-1.5b"), "float32")
     draft = load_model(real_model_path("qwen2.5-coder-0.5b"), "float32")
-    messages = [{"role": "user", "content": WORKLOAD.read_text()}]
+    messages = [{"role": "user", "content": workloads.load("code_edit")}]
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     plain = LLM(target, max_num_seqs=1, max_model_len=2048).chat(messages, params)[0].outputs[0]
     spec = LLM(target, draft=draft, max_num_seqs=1, max_model_len=2048, speculative_config={

@@ -1,25 +1,20 @@
-"""Accuracy of the quantized formats: the target's perplexity on all the workload text (1,830
-tokens: every file of `../shared/workloads/`) with int8 and int4 weights stays within 2% of
+"""Accuracy of the quantized formats: the target's perplexity on all the workload text (1,983
+tokens: every workload the benchmark ships) with int8 and int4 weights stays within 2% of
 the bf16 figure (bf16 holds the GGUF weights as dequantized, rounded to bfloat16)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from specserve.bench import workloads
 from specserve.bench.quality import perplexity
 from specserve.models.loader import load_model
 from tests.conftest import real_model_path
 
-WORKLOADS = Path(__file__).resolve().parents[3] / "shared" / "workloads"
-
 
 @pytest.fixture(scope="module")
 def text() -> str:
-    files = sorted(WORKLOADS.glob("*.txt"))
-    assert files, f"no workload files in {WORKLOADS}"
-    return "\n\n".join(f.read_text() for f in files)
+    return "\n\n".join(workloads.load(name) for name in workloads.names())
 
 
 @pytest.fixture(scope="module")

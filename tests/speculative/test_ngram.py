@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specserve.spec.ngram import NgramDrafter, find_ngram_draft
+from specserve.speculative.ngram import NgramDrafter, find_ngram_draft
 
 
 def reference_draft(tokens: list[int], k: int, max_n: int, min_n: int) -> list[int]:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from specserve.spec.policies import (
+from specserve.speculative.policies import (
     AcceptanceRatePolicy,
     AcceptedLengthPolicy,
     CostAwarePolicy,

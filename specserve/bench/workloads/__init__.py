@@ -1,0 +1,49 @@
+"""The benchmark's own prompts, shipped as package data.
+
+Four kinds of request that stress speculation differently: `code_edit` (a refactor whose
+answer copies most of its input: prompt lookup and draft models thrive), `creative` (a long
+original scene: drafts are often rejected), `summarize` (a summary that reuses the text's own
+phrases and figures) and `chat_short` (one short chat turn). Each is a UTF-8 `.txt` file
+beside this module; `specserve bench --list-workloads` shows them and `--prompt-file
+NAME=PATH` adds or replaces one.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+SUFFIX = ".txt"
+
+
+def names() -> tuple[str, ...]:
+    """The shipped workloads' names, sorted."""
+    return tuple(sorted(entry.name[:-len(SUFFIX)] for entry in resources.files(__name__).iterdir()
+                        if entry.name.endswith(SUFFIX)))
+
+
+def load(name: str) -> str:
+    """The prompt text of shipped workload `name`."""
+    if name not in names():
+        raise ValueError(f"workload must be one of {list(names())} or given with --prompt-file "
+                         f"{name}=PATH, got {name!r}")
+    return resources.files(__name__).joinpath(name + SUFFIX).read_text(encoding="utf-8")
+
+
+def resolve(wanted: tuple[str, ...], files: dict[str, Path],
+            directory: Path | None = None) -> dict[str, str]:
+    """The prompt of every wanted workload: from `files` (name → path) first, then from
+    `directory` when one is given, else the shipped set. Raises before any work when a name
+    has no prompt or a file cannot be read."""
+    prompts = {}
+    for name in wanted:
+        path = files.get(name) or (directory / f"{name}{SUFFIX}" if directory else None)
+        if path is None:
+            prompts[name] = load(name)
+            continue
+        try:
+            prompts[name] = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"workload {name!r}: cannot read prompt file {path}: "
+                             f"{getattr(err, 'strerror', None) or err}") from None
+    return prompts
