@@ -5,9 +5,17 @@ an edit rebuilds it and a second process reuses it. It links the same OpenMP run
 PyTorch (`libgomp.so.1`, already loaded by `import torch`), so `torch.set_num_threads` also
 sets the kernels' thread count and the two never compete with separate thread pools.
 
-`qmatmul()` returns the loaded library (4- and 8-bit weight matmuls), or None where it cannot
-run here (no compiler, or a CPU without AVX2/FMA/F16C); callers then fall back to PyTorch's own
-kernels.
+Instruction sets, chosen at run time from /proc/cpuinfo, widest first:
+- `avx512_vnni`: AVX-512 F, BW, VL and VNNI on top of the AVX2 set (Zen 4, Ice Lake and later);
+- `avx2`: AVX2, FMA and F16C (Haswell, Zen 1-3);
+- None: anything else; callers fall back to PyTorch's own kernels.
+`SPECSERVE_KERNEL_ISA=avx2` (or `avx512_vnni`, alias `avx512`) forces one that the CPU has;
+`SPECSERVE_NO_NATIVE=1` forces PyTorch. Each set builds the same source with its own flags
+into its own shared object; the quantized and float matmuls give the same bits on each.
+
+`qmatmul()` returns the loaded library (4- and 8-bit weight matmuls `q_matmul`, float weight
+matmul `f_matmul`), or None where it cannot run here (no compiler, no AVX2/FMA/F16C, or
+`SPECSERVE_NO_NATIVE`); `isa()` says which instruction set it was built for.
 """
 
 from __future__ import annotations
@@ -30,26 +38,68 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("qmatmul.c")
 FLAGS = ["-O3", "-march=x86-64-v3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+# Each instruction set the matmul kernels build for, widest first: the CPU flags it needs and
+# its compiler flags. No floating-point contraction: the kernels' reduction order is theirs,
+# the same in every build.
+ISAS = {
+    "avx512_vnni": (REQUIRED_CPU_FLAGS + ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+                    ["-march=x86-64-v4", "-mavx512vnni"]),
+    "avx2": (REQUIRED_CPU_FLAGS, ["-march=x86-64-v3"]),
+}
+ISA_ALIASES = {"avx512": "avx512_vnni"}
+ISA_CODES = {"avx2": 1, "avx512_vnni": 2}  # what the library's q_isa() returns
 
 
-def cpu_supported() -> bool:
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags from /proc/cpuinfo (empty off x86-64 or without it)."""
     if platform.machine() not in ("x86_64", "AMD64"):
-        return False
+        return frozenset()
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
-                  if line.startswith("flags")), [])
-    return all(f in flags for f in REQUIRED_CPU_FLAGS)
+        return frozenset()
+    return frozenset(next((line.split(":", 1)[1].split() for line in text.splitlines()
+                           if line.startswith("flags")), []))
 
 
-def build(source: Path = SOURCE, out_dir: Path | None = None) -> Path:
-    """Compile `source` into a shared object (once per source and flags); returns its path."""
+def cpu_supported() -> bool:
+    return all(f in cpu_flags() for f in REQUIRED_CPU_FLAGS)
+
+
+def available_isas() -> tuple[str, ...]:
+    """The instruction sets this CPU can run, widest first."""
+    return tuple(name for name, (needs, _) in ISAS.items() if all(f in cpu_flags() for f in needs))
+
+
+def isa() -> str | None:
+    """The instruction set the native kernels use here: the widest this CPU has, or the one
+    `SPECSERVE_KERNEL_ISA` names; None with `SPECSERVE_NO_NATIVE` or on other CPUs."""
+    if os.environ.get("SPECSERVE_NO_NATIVE"):
+        return None
+    forced = os.environ.get("SPECSERVE_KERNEL_ISA", "").strip().lower()
+    if forced:
+        name = ISA_ALIASES.get(forced, forced)
+        if name not in ISAS:
+            raise ValueError(f"SPECSERVE_KERNEL_ISA must be one of "
+                             f"{sorted([*ISAS, *ISA_ALIASES])}, got {forced!r}")
+        if name not in available_isas():
+            raise ValueError(f"SPECSERVE_KERNEL_ISA={forced!r}: this CPU lacks one of "
+                             f"{ISAS[name][0]}")
+        return name
+    found = available_isas()
+    return found[0] if found else None
+
+
+def build(source: Path = SOURCE, out_dir: Path | None = None,
+          flags: list[str] | None = None) -> Path:
+    """Compile `source` with `flags` (default FLAGS) into a shared object, once per source and
+    flags; returns its path."""
+    flags = FLAGS if flags is None else flags
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found (set CC)")
-    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
     out_dir = out_dir if out_dir is not None else cache_dir() / "kernels"
     target = out_dir / f"{source.stem}-{digest}.so"
     if target.exists():
@@ -57,7 +107,7 @@ def build(source: Path = SOURCE, out_dir: Path | None = None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:  # build aside, then rename atomically
         partial = Path(tmp) / target.name
-        result = subprocess.run([compiler, *FLAGS, str(source), "-o", str(partial), "-lm"],
+        result = subprocess.run([compiler, *flags, str(source), "-o", str(partial), "-lm"],
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"compiling {source.name} failed:\n{result.stderr.strip()}")
@@ -65,22 +115,42 @@ def build(source: Path = SOURCE, out_dir: Path | None = None) -> Path:
     return target
 
 
+def isa_flags(name: str) -> list[str]:
+    """Compiler flags of the matmul kernels for instruction set `name` (a key of ISAS)."""
+    return [f for f in FLAGS if not f.startswith("-march=")] + ISAS[name][1] + [
+        "-ffp-contract=off"]
+
+
 @functools.cache
-def qmatmul() -> ctypes.CDLL | None:
-    if os.environ.get("SPECSERVE_NO_NATIVE"):
-        return None
-    if not cpu_supported():
-        log.info("native quantized kernels: CPU lacks one of %s; using PyTorch's",
-                 REQUIRED_CPU_FLAGS)
-        return None
+def _load_qmatmul(name: str, source: Path = SOURCE) -> ctypes.CDLL | None:
     try:
-        lib = ctypes.CDLL(str(build()))
+        lib = ctypes.CDLL(str(build(source, flags=isa_flags(name))))
     except (RuntimeError, OSError) as err:
-        log.warning("native quantized kernels unavailable (%s); using PyTorch's", err)
+        log.warning("native %s matmul kernels unavailable (%s); using PyTorch's", name, err)
         return None
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.q_matmul.argtypes = [ctypes.c_int, p, i64, i64, i64, p, p, p, p, i64, p]
-    lib.q_matmul.restype = ctypes.c_int
-    lib.q_sc_max.argtypes = [ctypes.c_int]
-    lib.q_sc_max.restype = ctypes.c_int
+    p, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.q_matmul.argtypes = [c_int, p, i64, i64, i64, p, p, p, p, i64, p, c_int]
+    lib.q_matmul.restype = c_int
+    lib.q_sc_max.argtypes = [c_int]
+    lib.q_sc_max.restype = c_int
+    lib.q_isa.argtypes = []
+    lib.q_isa.restype = c_int
+    lib.f_matmul.argtypes = [p, i64, i64, p, c_int, p, i64, p]
+    lib.f_matmul.restype = c_int
+    if lib.q_isa() != ISA_CODES[name]:
+        raise RuntimeError(f"the {name} build of {source.name} reports instruction set "
+                           f"{lib.q_isa()}")
     return lib
+
+
+def qmatmul(name: str | None = None) -> ctypes.CDLL | None:
+    """The matmul kernels built for instruction set `name` (default: `isa()`), or None where
+    they cannot run here."""
+    name = isa() if name is None else ISA_ALIASES.get(name, name)
+    if name is None:
+        return None
+    if name not in available_isas():
+        raise ValueError(f"instruction set {name!r} is not one this CPU runs "
+                         f"({available_isas()})")
+    return _load_qmatmul(name)
+

@@ -123,8 +123,9 @@ class NativeLinear:
     """4- or 8-bit weights on the native kernel (see module doc); computes in float32 and
     returns the input's dtype."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int) -> None:
-        self._lib = kernels.qmatmul()
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int,
+                 isa: str | None = None) -> None:
+        self._lib = kernels.qmatmul(isa)  # `isa` None: the widest this CPU runs (kernels.isa())
         if self._lib is None:
             raise RuntimeError("the native quantized kernels are not available on this machine")
         if bits not in (4, 8):
@@ -133,14 +134,16 @@ class NativeLinear:
         self.w = quantize_native(weight, bits, self._lib.q_sc_max(bits))
         self.bias = bias.float() if bias is not None else None
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, path: int = 0) -> torch.Tensor:
+        """`path` (tests, benchmarks): 0 lets the kernel choose, 1 forces its decode loop
+        (outputs one by one over all rows), 2 its prefill tiles; all give the same bits."""
         flat = x.reshape(-1, self.in_features).to(torch.float32).contiguous()  # [rows, in]
         y = torch.empty((flat.shape[0], self.out_features), dtype=torch.float32)
         w = self.w
         mins = w.mins.data_ptr() if w.mins is not None else None
         rc = self._lib.q_matmul(w.bits, flat.data_ptr(), flat.shape[0], self.in_features, w.sb,
                                 w.qs.data_ptr(), w.sc.data_ptr(), w.dsup.data_ptr(), mins,
-                                self.out_features, y.data_ptr())
+                                self.out_features, y.data_ptr(), path)
         if rc != 0:
             raise RuntimeError(f"q_matmul failed ({'out of memory' if rc == -1 else 'bad arguments'})")
         if self.bias is not None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specserve import kernels
 from specserve.engine.kv_cache import KVCache
 from specserve.models.config import ModelConfig
 
@@ -80,7 +81,12 @@ def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tor
 
 
 class Linear:
-    """A weight (and optional bias) applied as `x @ W.T + b`; quantized formats replace it."""
+    """A weight (and optional bias) applied as `x @ W.T + b`; quantized formats replace it.
+
+    Float32 activations with float32 or bfloat16 weights run on the native float kernel
+    (`f_matmul` in `specserve/kernels/qmatmul.c`) where it is available: each row's result is
+    then the same bits whatever the other rows of the pass (batch invariance, as the quantized
+    kernels). Elsewhere, and for bfloat16 activations, PyTorch's matmul."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight = weight  # [out, in]
@@ -88,10 +94,27 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
+        if x.dtype == torch.float32 and w.dtype in (torch.float32, torch.bfloat16):
+            lib = kernels.qmatmul()
+            if lib is not None:
+                return self._native(lib, x)
         if w.dtype == torch.bfloat16 and x.numel() >= FLOAT32_GEMM_ROWS * x.shape[-1]:
             b = self.bias.float() if self.bias is not None else None
             return F.linear(x.float(), w.float(), b).to(x.dtype)
         return F.linear(x, w, self.bias)
+
+    def _native(self, lib, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight.contiguous()  # [out, in]
+        out_f, in_f = w.shape
+        flat = x.reshape(-1, in_f).contiguous()  # [rows, in]
+        y = torch.empty((flat.shape[0], out_f), dtype=torch.float32)  # [rows, out]
+        bias = self.bias.float().contiguous() if self.bias is not None else None
+        rc = lib.f_matmul(flat.data_ptr(), flat.shape[0], in_f, w.data_ptr(),
+                          int(w.dtype == torch.bfloat16),
+                          bias.data_ptr() if bias is not None else None, out_f, y.data_ptr())
+        if rc != 0:
+            raise RuntimeError("f_matmul: bad arguments")
+        return y.reshape(*x.shape[:-1], out_f)
 
 
 class Layer:

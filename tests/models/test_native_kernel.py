@@ -43,16 +43,19 @@ def reference(x: torch.Tensor, w: quant.NativeWeights) -> torch.Tensor:
     return y
 
 
+@pytest.mark.parametrize("isa", kernels.available_isas())
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("out_f, in_f", [(8, 64), (33, 192), (40, 128), (24, 576), (16, 1536)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 17])
-def test_kernel_equals_integer_reference(bits, out_f, in_f, rows):
+def test_kernel_equals_integer_reference(isa, bits, out_f, in_f, rows):
+    """On every instruction set this CPU runs (relative error ≤ 1e-4 of the largest output
+    against the float64 integer reference)."""
     g = torch.Generator().manual_seed(out_f * 1000 + in_f + rows + bits)
     w = torch.randn(out_f, in_f, generator=g) * 0.05
     w[0, :32] *= 50  # one block far larger than the others of its super-block
     x = torch.randn(rows, in_f, generator=g)
     x[:, 3] *= 20  # an activation outlier
-    lin = NativeLinear(w, None, bits)
+    lin = NativeLinear(w, None, bits, isa)
     got = lin(x).double()
     ref = reference(x, lin.w)
     assert got.shape == (rows, out_f)
@@ -107,7 +110,7 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="bits"):
         NativeLinear(torch.randn(4, 64), None, 3)
     lib = kernels.qmatmul()
-    assert lib.q_matmul(5, None, 1, 64, 64, None, None, None, None, 1, None) == -2
+    assert lib.q_matmul(5, None, 1, 64, 64, None, None, None, None, 1, None, 0) == -2
 
 
 def test_int4_keeps_wide_source_tensors_at_8_bits_and_falls_back_without_the_kernel(
@@ -126,7 +129,7 @@ def test_int4_keeps_wide_source_tensors_at_8_bits_and_falls_back_without_the_ker
                                      "model.layers.1.mlp.down_proj.weight": 4.5})
     assert fresh.layers[0].qkv.w.bits == 8 and fresh.layers[0].gate_up.w.bits == 4
     assert fresh.layers[1].down.w.bits == 4
-    monkeypatch.setattr(kernels, "qmatmul", lambda: None)
+    monkeypatch.setattr(kernels, "qmatmul", lambda *isa: None)
     m = load_model(path, "bfloat16", weights="int4").model
     assert isinstance(m.layers[0].qkv, Int4Linear) and m.act_dtype == torch.bfloat16
 

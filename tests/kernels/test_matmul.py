@@ -1,0 +1,163 @@
+"""The native matmul kernels (`specserve/kernels/qmatmul.c`) on every instruction set this CPU
+runs: batch invariance (a row's bits never depend on the other rows of its call, on how many
+there are, or on the loop order the call took), agreement between the instruction sets, and
+the float kernel against PyTorch's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specserve import kernels
+from specserve.models.quant import NativeLinear
+from specserve.models.transformer import Linear
+
+ISAS = kernels.available_isas()  # this CPU's, widest first; CI has at least avx2
+
+
+def test_every_instruction_set_this_cpu_has_is_built_and_the_widest_is_chosen():
+    assert "avx2" in ISAS  # CI runs on x86-64 with AVX2: the native path must be tested
+    for name in ISAS:
+        assert kernels.qmatmul(name).q_isa() == kernels.ISA_CODES[name]
+    assert kernels.isa() == ISAS[0]
+    if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= kernels.cpu_flags():
+        assert ISAS[0] == "avx512_vnni"
+
+
+def batches(x: torch.Tensor, size: int) -> list[torch.Tensor]:
+    return [x[i:i + size] for i in range(0, x.shape[0], size)]
+
+
+def assert_row_invariant(call, x: torch.Tensor, singles: int) -> torch.Tensor:
+    """`call` on all of x at once, in batches of 3, 4 and 17, and on its first `singles` rows
+    one at a time: every row's output identical. Returns the whole-batch output."""
+    whole = call(x)
+    for size in (3, 4, 17):
+        assert torch.equal(torch.cat([call(b) for b in batches(x, size)]), whole), size
+    for i in range(singles):
+        assert torch.equal(call(x[i:i + 1]), whole[i:i + 1]), i
+    return whole
+
+
+def activations(rows: int, k: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=g)
+    x[:, 5] *= 30  # an outlier column
+    x[7] *= 1e-3  # a row far smaller than the others
+    return x
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_rows_are_identical_alone_in_any_batch_and_on_every_path(isa, bits,
+                                                                            two_threads):
+    g = torch.Generator().manual_seed(bits)
+    w = torch.randn(37, 512, generator=g) * 0.05
+    lin = NativeLinear(w, torch.randn(37, generator=g), bits, isa)
+    x = activations(900, 512, seed=10 + bits)  # 900 rows: the prefill tiles by default
+    whole = assert_row_invariant(lin, x, singles=40)
+    for path in (1, 2):  # the decode loop and the prefill tiles, forced
+        assert torch.equal(lin(x, path), whole), path
+        assert torch.equal(lin(x[:5], path), whole[:5]), path
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("out_f, in_f", [(33, 192), (24, 576), (16, 1536)])
+def test_every_instruction_set_gives_the_same_bits(bits, out_f, in_f, two_threads):
+    """The AVX-512 build folds its 16 integer lanes into the AVX2 build's 8 (exact integer
+    sums) and keeps its float accumulation order, so the two agree bit for bit."""
+    g = torch.Generator().manual_seed(out_f + in_f + bits)
+    w = torch.randn(out_f, in_f, generator=g)
+    w[0, :32] *= 50
+    x = activations(70, in_f, seed=bits)
+    outs = [NativeLinear(w, None, bits, isa)(x) for isa in ISAS]
+    assert all(torch.equal(o, outs[-1]) for o in outs)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_f, in_f", [(37, 512), (7, 13), (1, 100), (64, 8)])
+def test_float_rows_are_identical_alone_and_in_any_batch(isa, wdtype, out_f, in_f, monkeypatch,
+                                                         two_threads):
+    monkeypatch.setenv("SPECSERVE_KERNEL_ISA", isa)
+    g = torch.Generator().manual_seed(out_f * in_f)
+    lin = Linear(torch.randn(out_f, in_f, generator=g).to(wdtype), torch.randn(out_f, generator=g))
+    assert_row_invariant(lin, activations(300, in_f, seed=3), singles=25)
+
+
+@pytest.mark.parametrize("wdtype", [torch.float32, torch.bfloat16])
+def test_float_kernel_gives_the_same_bits_on_every_instruction_set(wdtype, monkeypatch):
+    g = torch.Generator().manual_seed(5)
+    lin = Linear(torch.randn(29, 200, generator=g).to(wdtype))
+    x = activations(21, 200, seed=5)
+    outs = []
+    for isa in ISAS:
+        monkeypatch.setenv("SPECSERVE_KERNEL_ISA", isa)
+        outs.append(lin(x))
+    assert all(torch.equal(o, outs[-1]) for o in outs)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("out_f, in_f", [(37, 512), (7, 13), (50, 1536)])
+def test_float_kernel_is_within_float32_rounding_of_the_exact_product(isa, out_f, in_f,
+                                                                      monkeypatch):
+    """|y − y_exact| ≤ k·2⁻²⁴·Σ|x·w| + |bias|·2⁻²⁴ (the textbook bound of a float32 dot
+    product of length k in any order), and close to F.linear (rtol 1e-5 of that scale)."""
+    monkeypatch.setenv("SPECSERVE_KERNEL_ISA", isa)
+    g = torch.Generator().manual_seed(in_f)
+    w, b = torch.randn(out_f, in_f, generator=g), torch.randn(out_f, generator=g)
+    x = activations(9, in_f, seed=in_f)
+    y = Linear(w, b)(x)
+    exact = x.double() @ w.double().t() + b.double()
+    scale = x.double().abs() @ w.double().abs().t() + b.double().abs()  # [rows, out]
+    assert ((y.double() - exact).abs() <= (in_f + 2) * 2.0 ** -24 * scale).all()
+    assert ((y - F.linear(x, w, b)).double().abs() <= 1e-5 * scale).all()
+
+
+def test_bfloat16_weights_give_exactly_the_float32_result_on_the_widened_weights():
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(23, 333, generator=g).bfloat16()
+    x = activations(11, 333, seed=6)
+    assert torch.equal(Linear(w)(x), Linear(w.float())(x))
+
+
+def test_float_linear_keeps_pytorch_without_the_native_kernel_and_for_bfloat16_activations(
+        monkeypatch):
+    g = torch.Generator().manual_seed(7)
+    w, b = torch.randn(16, 64, generator=g), torch.randn(16, generator=g)
+    x = torch.randn(2, 3, 64, generator=g)
+    native = Linear(w, b)(x)
+    assert native.shape == (2, 3, 16)
+    monkeypatch.setenv("SPECSERVE_NO_NATIVE", "1")
+    assert kernels.qmatmul() is None and kernels.isa() is None
+    assert torch.equal(Linear(w, b)(x), F.linear(x, w, b))
+    monkeypatch.delenv("SPECSERVE_NO_NATIVE")
+    xb, wb = x.bfloat16(), w.bfloat16()
+    y = Linear(wb)(xb)  # bf16 activations: PyTorch's bf16 matmul, as before
+    assert y.dtype == torch.bfloat16 and torch.equal(y, F.linear(xb, wb))
+
+
+def test_the_instruction_set_can_be_forced_and_a_bad_choice_is_refused(monkeypatch):
+    monkeypatch.setenv("SPECSERVE_KERNEL_ISA", "avx2")
+    assert kernels.isa() == "avx2" and kernels.qmatmul().q_isa() == 1
+    monkeypatch.setenv("SPECSERVE_KERNEL_ISA", "sse2")
+    with pytest.raises(ValueError, match="SPECSERVE_KERNEL_ISA"):
+        kernels.isa()
+    # a CPU with AVX2 only: avx2 by default, and AVX-512 cannot be forced
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
+    monkeypatch.setenv("SPECSERVE_KERNEL_ISA", "avx512")
+    with pytest.raises(ValueError, match="SPECSERVE_KERNEL_ISA='avx512'"):
+        kernels.isa()
+    monkeypatch.delenv("SPECSERVE_KERNEL_ISA")
+    assert kernels.available_isas() == ("avx2",) and kernels.isa() == "avx2"
+    # an older CPU: no native kernels, PyTorch's
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"sse2", "avx"}))
+    assert kernels.isa() is None and kernels.qmatmul() is None and not kernels.cpu_supported()
+
+
+def test_bad_arguments_are_refused_by_the_kernels():
+    lib = kernels.qmatmul()
+    assert lib.q_matmul(4, None, 1, 64, 64, None, None, None, None, 1, None, 3) == -2
+    assert lib.f_matmul(None, -1, 8, None, 0, None, 1, None) == -2
+    assert lib.f_matmul(None, 1, 8, None, 2, None, 1, None) == -2
