@@ -154,3 +154,30 @@ def qmatmul(name: str | None = None) -> ctypes.CDLL | None:
                          f"({available_isas()})")
     return _load_qmatmul(name)
 
+
+@functools.cache
+def _load_attention(name: str) -> ctypes.CDLL | None:
+    try:
+        lib = ctypes.CDLL(str(build(Path(__file__).with_name("attention.c"),
+                                    flags=isa_flags(name))))
+    except (RuntimeError, OSError) as err:
+        log.warning("native %s attention kernel unavailable (%s); using PyTorch's", name, err)
+        return None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.ragged_attention.argtypes = [p, i64, i64, i64, i64, p, p, i64, i64, p, i64, i64, p, p,
+                                     ctypes.c_float, p]
+    lib.ragged_attention.restype = ctypes.c_int
+    return lib
+
+
+def attention(name: str | None = None) -> ctypes.CDLL | None:
+    """The ragged paged attention kernel (`attention.c`, `ragged_attention`) built for
+    instruction set `name` (default: `isa()`; every build gives the same bits), or None where
+    it cannot run here."""
+    name = isa() if name is None else ISA_ALIASES.get(name, name)
+    if name is None:
+        return None
+    if name not in available_isas():
+        raise ValueError(f"instruction set {name!r} is not one this CPU runs "
+                         f"({available_isas()})")
+    return _load_attention(name)

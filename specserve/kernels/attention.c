@@ -1,0 +1,277 @@
+/* Ragged causal attention over a paged KV cache, for x86-64 CPUs with AVX2 and FMA.
+ *
+ * Every query row belongs to one sequence and sits at one position of it; it attends to that
+ * sequence's positions 0..pos (its own key/value already written). Keys and values live in
+ * pools of blocks, [num_blocks, kv_heads, block_size, hd] floats; position p of sequence s is
+ * at offset p % block_size of block block_tables[s, p / block_size].
+ *
+ * One work item is (row, KV head): the G query heads that share the KV head, so each key and
+ * value is loaded once for the whole group. Items run in parallel (OpenMP) and never share an
+ * accumulator, and each item's arithmetic follows one fixed order that depends only on its own
+ * query, its number of positions and its keys/values — not on the other rows, the number of
+ * rows, the block size or the thread count. So a row's output is bit-for-bit the same alone,
+ * in any batch, in any order.
+ *
+ * Per item, in three passes over a score buffer s [G, n rounded up to 8]:
+ *   scores   tiles of 8 positions (0-7, 8-15, ... whatever the block size): each query head's
+ *            8 dot products accumulate over hd in 8-lane FMAs, then one fixed hadd tree turns
+ *            the 8 accumulators into the tile's 8 scores (lanes past the row's end: −inf);
+ *   softmax  subtract the row's maximum, e^x by range reduction and a degree-7 polynomial,
+ *            sum in 8 lanes tile by tile, one fixed horizontal sum at the end;
+ *   values   out[g] = Σ_p w[g, p]·v_p, p in order, in registers over 16 (or 8) columns of hd
+ *            at a time for up to 6 query heads at once, then × 1/sum.
+ */
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define TILE 8     /* positions per score tile: one vector of 8 scores */
+#define GROUP 6    /* query heads whose value sums share one pass over the values */
+#define ROWS 8     /* rows of one sequence per work item, sharing each key and value load */
+#define PTILE 64   /* positions per value tile (kept in L1 for all rows of an item) */
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float hmax(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Lane t of the result = the sum of the 8 lanes of a[t]. */
+static inline __m256 hsum8x8(const __m256 a[TILE]) {
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* e^x for x ≤ 0; lanes below −87 (−inf included) give 0. x = n·ln2 + r with |r| ≤ ln2/2
+ * (ln2 split in two for an exact product), e^r by its Taylor series to r^7 (error < 1e-8). */
+static inline __m256 exp_nonpos(__m256 x) {
+    const __m256 lowest = _mm256_set1_ps(-87.0f);
+    const __m256 keep = _mm256_cmp_ps(x, lowest, _CMP_GE_OQ);
+    x = _mm256_max_ps(x, lowest);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+
+/* s [m, G, np] = qs [m, G, hd] · keysᵀ (qs already scaled), −inf past each row's n[i]; vmax
+ * [m, G] ← lane-wise maxima. Each tile of 8 keys is loaded once for all m·G query vectors. */
+static void scores(int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int64_t np,
+                   const float *qs, const float *kp, const int64_t *off, float *s,
+                   __m256 *vmax) {
+    for (int j = 0; j < m * G; j++) vmax[j] = _mm256_set1_ps(-INFINITY);
+    for (int64_t p0 = 0; p0 < nmax; p0 += TILE) {
+        const float *k[TILE];
+        for (int t = 0; t < TILE; t++) k[t] = kp + off[p0 + t < nmax ? p0 + t : nmax - 1];
+        for (int i = 0; i < m; i++) {
+            if (p0 >= n[i]) continue;
+            const int valid = n[i] - p0 < TILE ? (int)(n[i] - p0) : TILE;
+            const __m256 live = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
+                                              _mm256_set1_ps((float)valid), _CMP_LT_OQ);
+            for (int g = 0; g < G; g++) {
+                const int64_t idx = (int64_t)i * G + g;
+                const float *qg = qs + idx * hd;
+                __m256 acc[TILE];
+                for (int t = 0; t < TILE; t++) acc[t] = _mm256_setzero_ps();
+                for (int64_t j = 0; j < hd; j += 8) {
+                    const __m256 qv = _mm256_loadu_ps(qg + j);
+                    for (int t = 0; t < TILE; t++)
+                        acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[t] + j), acc[t]);
+                }
+                const __m256 sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), hsum8x8(acc), live);
+                _mm256_storeu_ps(s + idx * np + p0, sc);
+                vmax[idx] = _mm256_max_ps(vmax[idx], sc);
+            }
+        }
+    }
+}
+
+/* s [m, G, np] ← e^(s − max) in place over each row's tiles; inv [m, G] ← 1 / Σ. */
+static void softmax(int m, int G, const int64_t *n, int64_t np, float *s, const __m256 *vmax,
+                    float *inv) {
+    for (int64_t idx = 0; idx < (int64_t)m * G; idx++) {
+        const int64_t npi = (n[idx / G] + TILE - 1) / TILE * TILE;
+        const __m256 mx = _mm256_set1_ps(hmax(vmax[idx]));
+        float *si = s + idx * np;
+        __m256 sum = _mm256_setzero_ps();
+        for (int64_t p0 = 0; p0 < npi; p0 += TILE) {
+            const __m256 e = exp_nonpos(_mm256_sub_ps(_mm256_loadu_ps(si + p0), mx));
+            _mm256_storeu_ps(si + p0, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        inv[idx] = 1.0f / hsum(sum);
+    }
+}
+
+/* o[g, c : c + 8·nv] (+)= Σ_{p0 ≤ p < p1} w[g, p]·v_p[c : c + 8·nv] for gb ≤ GROUP heads,
+ * starting from zero at p0 = 0 and from the partial sums already in `o` after; gb and nv are
+ * constants in each inlined copy, so the gb·nv accumulators stay in registers. */
+static inline __attribute__((always_inline)) void values_block(
+    int gb, int nv, const float *w, int64_t np, const float *vp, const int64_t *off,
+    int64_t p0, int64_t p1, int64_t c, float *o, int64_t hd) {
+    __m256 acc[GROUP][2];
+    for (int g = 0; g < gb; g++)
+        for (int i = 0; i < nv; i++)
+            acc[g][i] = p0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(o + g * hd + c + 8 * i);
+    for (int64_t p = p0; p < p1; p++) {
+        const float *v = vp + off[p] + c;
+        __m256 vv[2];
+        for (int i = 0; i < nv; i++) vv[i] = _mm256_loadu_ps(v + 8 * i);
+        for (int g = 0; g < gb; g++) {
+            const __m256 wg = _mm256_broadcast_ss(w + g * np + p);
+            for (int i = 0; i < nv; i++) acc[g][i] = _mm256_fmadd_ps(wg, vv[i], acc[g][i]);
+        }
+    }
+    for (int g = 0; g < gb; g++)
+        for (int i = 0; i < nv; i++) _mm256_storeu_ps(o + g * hd + c + 8 * i, acc[g][i]);
+}
+
+static inline __attribute__((always_inline)) void values_nv(
+    int gb, int nv, const float *w, int64_t np, const float *vp, const int64_t *off,
+    int64_t p0, int64_t p1, int64_t c, float *o, int64_t hd) {
+    if (nv == 2) values_block(gb, 2, w, np, vp, off, p0, p1, c, o, hd);
+    else values_block(gb, 1, w, np, vp, off, p0, p1, c, o, hd);
+}
+
+/* out[i] [G, hd] = inv · Σ_p w·v_p for each row i: columns of hd 16 at a time, positions in
+ * tiles of PTILE that stay in L1 for all m rows, up to GROUP heads per pass. For every output
+ * element the sum runs over p in order, so the tiling never changes a bit. */
+static void values(int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int64_t np,
+                   const float *w, const float *inv, const float *vp, const int64_t *off,
+                   float *const *out) {
+    const int passes = (G + GROUP - 1) / GROUP, per = (G + passes - 1) / passes;
+    for (int64_t c = 0; c < hd; c += 16) {
+        const int nv = hd - c >= 16 ? 2 : 1;
+        for (int64_t p0 = 0; p0 < nmax; p0 += PTILE) {
+            for (int i = 0; i < m; i++) {
+                if (p0 >= n[i]) continue;
+                const int64_t p1 = n[i] < p0 + PTILE ? n[i] : p0 + PTILE;
+                for (int g0 = 0; g0 < G; g0 += per) {
+                    const int gb = G - g0 < per ? G - g0 : per;
+                    const float *wg = w + ((int64_t)i * G + g0) * np;
+                    float *o = out[i] + g0 * hd;
+                    switch (gb) {  /* constant head counts: accumulators in registers */
+                    case 1: values_nv(1, nv, wg, np, vp, off, p0, p1, c, o, hd); break;
+                    case 2: values_nv(2, nv, wg, np, vp, off, p0, p1, c, o, hd); break;
+                    case 3: values_nv(3, nv, wg, np, vp, off, p0, p1, c, o, hd); break;
+                    case 4: values_nv(4, nv, wg, np, vp, off, p0, p1, c, o, hd); break;
+                    case 5: values_nv(5, nv, wg, np, vp, off, p0, p1, c, o, hd); break;
+                    default: values_nv(6, nv, wg, np, vp, off, p0, p1, c, o, hd); break;
+                    }
+                }
+            }
+        }
+    }
+    for (int i = 0; i < m; i++)
+        for (int g = 0; g < G; g++) {
+            const float f = inv[i * G + g];
+            float *o = out[i] + g * hd;
+            for (int64_t j = 0; j < hd; j++) o[j] *= f;
+        }
+}
+
+/* out [rows, heads, hd] = causal attention of q [rows, heads, hd] on each row's sequence in
+ * k_pool/v_pool [num_blocks, kv_heads, block_size, hd] through block_tables [num_seqs,
+ * max_blocks] (int32), row_seq [rows] and row_pos [rows] (int32). hd a multiple of 8. Returns
+ * 0, −1 when out of memory, −2 on bad sizes, −3 on a sequence, position or block id out of
+ * range (checked before anything is computed).
+ *
+ * Work items: up to ROWS consecutive rows of one sequence (they share its keys and values)
+ * × one KV head, the longest first. How rows fall into items changes only which loads are
+ * shared, never a row's arithmetic. */
+int ragged_attention(const float *q, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
+                     const float *k_pool, const float *v_pool, int64_t num_blocks,
+                     int64_t block_size, const int32_t *block_tables, int64_t num_seqs,
+                     int64_t max_blocks, const int32_t *row_seq, const int32_t *row_pos,
+                     float scale, float *out) {
+    if (rows < 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads || hd <= 0 || hd % 8 ||
+        block_size <= 0 || num_blocks < 0 || num_seqs < 0 || max_blocks < 0)
+        return -2;
+    int64_t max_n = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t s = row_seq[r], pos = row_pos[r];
+        if (s < 0 || s >= num_seqs || pos < 0 || pos >= max_blocks * block_size) return -3;
+        for (int64_t b = 0; b <= pos / block_size; b++) {
+            const int64_t id = block_tables[s * max_blocks + b];
+            if (id < 0 || id >= num_blocks) return -3;
+        }
+        if (pos + 1 > max_n) max_n = pos + 1;
+    }
+    if (rows == 0) return 0;
+    int64_t *first = malloc((size_t)(rows + 1) * sizeof(int64_t));  /* groups' first rows */
+    if (!first) return -1;
+    int64_t groups = 0;
+    for (int64_t r = 0; r < rows; r++)
+        if (r == 0 || row_seq[r] != row_seq[r - 1] || r - first[groups - 1] == ROWS)
+            first[groups++] = r;
+    first[groups] = rows;
+    const int G = (int)(heads / kv_heads);
+    const int64_t max_np = (max_n + TILE - 1) / TILE * TILE, items = groups * kv_heads;
+    int failed = 0;
+#pragma omp parallel
+    {
+        /* one scratch per thread: position offsets, scaled queries, scores, maxima, sums */
+        int64_t *off = malloc((size_t)max_np * sizeof(int64_t));
+        float *qs = aligned_alloc(64, ((size_t)(ROWS * G * hd) * sizeof(float) + 63) / 64 * 64);
+        float *s = aligned_alloc(64, ((size_t)(ROWS * G * max_np) * sizeof(float) + 63) / 64 * 64);
+        __m256 *vmax = aligned_alloc(64, (size_t)(ROWS * G) * sizeof(__m256));
+        float *inv = malloc((size_t)(ROWS * G) * sizeof(float));
+        const int ok = off && qs && s && vmax && inv;
+        if (!ok) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            if (!ok) continue;
+            const int64_t grp = groups - 1 - it / kv_heads, h = it % kv_heads;
+            const int64_t r0 = first[grp];
+            const int m = (int)(first[grp + 1] - r0);
+            int64_t n[ROWS], nmax = 0;
+            float *o[ROWS];
+            for (int i = 0; i < m; i++) {
+                n[i] = (int64_t)row_pos[r0 + i] + 1;
+                nmax = n[i] > nmax ? n[i] : nmax;
+                o[i] = out + ((r0 + i) * heads + h * G) * hd;
+                const float *qg = q + ((r0 + i) * heads + h * G) * hd;  /* [G, hd] */
+                for (int64_t j = 0; j < G * hd; j++) qs[i * G * hd + j] = qg[j] * scale;
+            }
+            const int64_t np = (nmax + TILE - 1) / TILE * TILE;
+            const int32_t *table = block_tables + (int64_t)row_seq[r0] * max_blocks;
+            for (int64_t p = 0; p < nmax; p++)
+                off[p] = (((int64_t)table[p / block_size] * kv_heads + h) * block_size +
+                          p % block_size) * hd;
+            scores(m, G, hd, n, nmax, np, qs, k_pool, off, s, vmax);
+            softmax(m, G, n, np, s, vmax, inv);
+            values(m, G, hd, n, nmax, np, s, inv, v_pool, off, o);
+        }
+        free(off), free(qs), free(s), free(vmax), free(inv);
+    }
+    free(first);
+    return failed ? -1 : 0;
+}

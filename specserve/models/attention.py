@@ -1,0 +1,118 @@
+"""Ragged causal attention over a paged KV cache: every query row of a pass in one call per layer.
+
+A row is one token of one sequence (a prefill chunk's token, a decode step, a verify position);
+it attends to positions 0..row_pos of its own sequence, whose keys and values sit in blocks of
+the pools (`block_tables[s, p // block_size]`, offset `p % block_size`). The native kernel
+(`specserve/kernels/attention.c`) computes each (row, KV head) on its own in a fixed order, so a
+row's output is bit-for-bit the same whatever else is in the pass: alone, in a batch, permuted,
+on 1 or 2 threads, with any block size. `ragged_attention_reference` is the PyTorch oracle: one
+`scaled_dot_product_attention` call per row, the way a single decode step attends.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+import torch.nn.functional as F
+
+from specserve import kernels
+
+
+def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+           block_tables: torch.Tensor, row_seq: torch.Tensor, row_pos: torch.Tensor) -> None:
+    if q.dim() != 3 or q.dtype != torch.float32:
+        raise ValueError(f"q: expected float32 [rows, heads, hd], got {q.dtype} {list(q.shape)}")
+    if k_pool.dim() != 4 or k_pool.dtype != torch.float32 or v_pool.shape != k_pool.shape \
+            or v_pool.dtype != torch.float32:
+        raise ValueError("k_pool, v_pool: expected float32 [num_blocks, kv_heads, block_size, hd]"
+                         f" of one shape, got {list(k_pool.shape)} and {list(v_pool.shape)}")
+    rows, heads, hd = q.shape
+    kv_heads = k_pool.shape[1]
+    if k_pool.shape[3] != hd or heads % kv_heads:
+        raise ValueError(f"k_pool: {kv_heads} KV heads of dim {k_pool.shape[3]} do not serve "
+                         f"{heads} query heads of dim {hd}")
+    if block_tables.dim() != 2:
+        raise ValueError(f"block_tables: expected [num_seqs, max_blocks], got "
+                         f"{list(block_tables.shape)}")
+    for name, t in (("row_seq", row_seq), ("row_pos", row_pos)):
+        if t.shape != (rows,):
+            raise ValueError(f"{name}: expected [{rows}], got {list(t.shape)}")
+    for name, t in (("block_tables", block_tables), ("row_seq", row_seq), ("row_pos", row_pos)):
+        if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+            raise ValueError(f"{name}: expected integers, got {t.dtype}")
+
+
+def _check_indices(k_pool: torch.Tensor, block_tables: torch.Tensor, row_seq: torch.Tensor,
+                   row_pos: torch.Tensor) -> None:
+    """What the native kernel checks itself: every index a row reads is in range."""
+    num_seqs, max_blocks = block_tables.shape
+    block_size = k_pool.shape[2]
+    for r, (s, pos) in enumerate(zip(row_seq.tolist(), row_pos.tolist())):
+        if not 0 <= s < num_seqs:
+            raise ValueError(f"row_seq[{r}] = {s}: not one of the {num_seqs} sequences")
+        if not 0 <= pos < max_blocks * block_size:
+            raise ValueError(f"row_pos[{r}] = {pos}: outside the block table's "
+                             f"{max_blocks * block_size} positions")
+        ids = block_tables[s, :pos // block_size + 1]
+        if bool(((ids < 0) | (ids >= k_pool.shape[0])).any()):
+            raise ValueError(f"block_tables[{s}]: a block id outside 0..{k_pool.shape[0] - 1}")
+
+
+def ragged_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                               block_tables: torch.Tensor, row_seq: torch.Tensor,
+                               row_pos: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """Per row: gather its sequence's keys/values 0..row_pos and attend with one
+    `scaled_dot_product_attention` call, the query heads that share a KV head folded into its
+    rows (head h reads KV head h // (heads / kv_heads)). Shapes as `ragged_attention`."""
+    _check(q, k_pool, v_pool, block_tables, row_seq, row_pos)
+    _check_indices(k_pool, block_tables, row_seq, row_pos)
+    rows, heads, hd = q.shape
+    kv_heads, block_size = k_pool.shape[1], k_pool.shape[2]
+    out = torch.empty_like(q)  # [rows, heads, hd]
+    for r, (s, pos) in enumerate(zip(row_seq.tolist(), row_pos.tolist())):
+        ids = block_tables[s, :pos // block_size + 1].long()
+        keys = k_pool[ids].transpose(0, 1).reshape(1, kv_heads, -1, hd)[:, :, :pos + 1]
+        values = v_pool[ids].transpose(0, 1).reshape(1, kv_heads, -1, hd)[:, :, :pos + 1]
+        grouped = q[r].reshape(1, kv_heads, heads // kv_heads, hd)  # [1, kv, group, hd]
+        attn = F.scaled_dot_product_attention(grouped, keys, values, scale=scale)
+        out[r] = attn.reshape(heads, hd)
+    return out
+
+
+def ragged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                     block_tables: torch.Tensor, row_seq: torch.Tensor, row_pos: torch.Tensor,
+                     scale: float | None = None) -> torch.Tensor:
+    """Causal attention of each query row on its own sequence in a paged KV cache.
+
+    q `[rows, heads, hd]` float32; k_pool, v_pool `[num_blocks, kv_heads, block_size, hd]`
+    float32 (one layer's pools); block_tables `[num_seqs, max_blocks]` (block ids of each
+    sequence, in order); row_seq `[rows]` (each row's sequence); row_pos `[rows]` (each row's
+    position: it attends to 0..row_pos, its own key/value already written). Query head h reads
+    KV head h // (heads / kv_heads). Returns `[rows, heads, hd]` float32; scale defaults to
+    1/sqrt(hd). Native (batch-invariant) where the kernel runs and hd is a multiple of 8, the
+    reference otherwise; bad shapes or indices raise ValueError.
+    """
+    _check(q, k_pool, v_pool, block_tables, row_seq, row_pos)
+    rows, heads, hd = q.shape
+    lib = kernels.attention()
+    if lib is None or hd % 8:
+        return ragged_attention_reference(q, k_pool, v_pool, block_tables, row_seq, row_pos,
+                                          scale)
+    q = q.contiguous()
+    k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    seqs, pos = row_seq.to(torch.int32).contiguous(), row_pos.to(torch.int32).contiguous()
+    out = torch.empty_like(q)  # [rows, heads, hd]
+    num_blocks, kv_heads, block_size, _ = k_pool.shape
+    rc = lib.ragged_attention(
+        q.data_ptr(), rows, heads, kv_heads, hd, k_pool.data_ptr(), v_pool.data_ptr(),
+        num_blocks, block_size, tables.data_ptr(), tables.shape[0], tables.shape[1],
+        seqs.data_ptr(), pos.data_ptr(), ctypes.c_float(1 / math.sqrt(hd) if scale is None
+                                                        else scale), out.data_ptr())
+    if rc == -3:
+        _check_indices(k_pool, block_tables, row_seq, row_pos)  # names the bad index
+    if rc != 0:
+        raise RuntimeError(f"native ragged attention failed (code {rc})")
+    return out
