@@ -5,14 +5,15 @@
  * pools of blocks, [num_blocks, kv_heads, block_size, hd] floats; position p of sequence s is
  * at offset p % block_size of block block_tables[s, p / block_size].
  *
- * One work item is (row, KV head): the G query heads that share the KV head, so each key and
- * value is loaded once for the whole group. Items run in parallel (OpenMP) and never share an
- * accumulator, and each item's arithmetic follows one fixed order that depends only on its own
- * query, its number of positions and its keys/values — not on the other rows, the number of
- * rows, the block size or the thread count. So a row's output is bit-for-bit the same alone,
- * in any batch, in any order.
+ * One work item is up to ROWS consecutive rows of one sequence × one KV head: the G query
+ * heads of each row that share the KV head, so each key and value is loaded once for all of
+ * them. Items run in parallel (OpenMP). Each (row, query head) has accumulators of its own, and
+ * its arithmetic follows one fixed order that depends only on its query, its number of
+ * positions and its keys/values — not on the other rows, how rows fall into items, the number
+ * of rows, the block size, the thread count or the instruction set the file is built for. So
+ * a row's output is bit-for-bit the same alone, in any batch, in any order.
  *
- * Per item, in three passes over a score buffer s [G, n rounded up to 8]:
+ * Per item, in three passes over a score buffer s [rows, G, n rounded up to 8]:
  *   scores   tiles of 8 positions (0-7, 8-15, ... whatever the block size): each query head's
  *            8 dot products accumulate over hd in 8-lane FMAs, then one fixed hadd tree turns
  *            the 8 accumulators into the tile's 8 scores (lanes past the row's end: −inf);
@@ -20,6 +21,8 @@
  *            sum in 8 lanes tile by tile, one fixed horizontal sum at the end;
  *   values   out[g] = Σ_p w[g, p]·v_p, p in order, in registers over 16 (or 8) columns of hd
  *            at a time for up to 6 query heads at once, then × 1/sum.
+ * Positions after a row's own are never read into its result (their memory may hold stale or
+ * unwritten values).
  */
 
 #include <immintrin.h>
@@ -31,6 +34,7 @@
 #define GROUP 6    /* query heads whose value sums share one pass over the values */
 #define ROWS 8     /* rows of one sequence per work item, sharing each key and value load */
 #define PTILE 64   /* positions per value tile (kept in L1 for all rows of an item) */
+#define AHEAD 16   /* positions whose keys are prefetched ahead of the score tile */
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -88,6 +92,9 @@ static void scores(int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int
     for (int64_t p0 = 0; p0 < nmax; p0 += TILE) {
         const float *k[TILE];
         for (int t = 0; t < TILE; t++) k[t] = kp + off[p0 + t < nmax ? p0 + t : nmax - 1];
+        for (int64_t p = p0 + AHEAD; p < p0 + AHEAD + TILE && p < nmax; p++)
+            for (int64_t j = 0; j < hd; j += 16) _mm_prefetch((const char *)(kp + off[p] + j),
+                                                              _MM_HINT_T0);
         for (int i = 0; i < m; i++) {
             if (p0 >= n[i]) continue;
             const int valid = n[i] - p0 < TILE ? (int)(n[i] - p0) : TILE;
@@ -158,16 +165,20 @@ static inline __attribute__((always_inline)) void values_nv(
     else values_block(gb, 1, w, np, vp, off, p0, p1, c, o, hd);
 }
 
-/* out[i] [G, hd] = inv · Σ_p w·v_p for each row i: columns of hd 16 at a time, positions in
- * tiles of PTILE that stay in L1 for all m rows, up to GROUP heads per pass. For every output
- * element the sum runs over p in order, so the tiling never changes a bit. */
+/* out[i] [G, hd] = inv · Σ_p w·v_p for each row i: positions in tiles of PTILE (the next
+ * tile prefetched) that stay in L1 for all m rows, columns of hd 16 at a time, up to GROUP
+ * heads per pass. For every output element the sum runs over p in order, so the tiling never
+ * changes a bit. */
 static void values(int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int64_t np,
                    const float *w, const float *inv, const float *vp, const int64_t *off,
                    float *const *out) {
     const int passes = (G + GROUP - 1) / GROUP, per = (G + passes - 1) / passes;
-    for (int64_t c = 0; c < hd; c += 16) {
-        const int nv = hd - c >= 16 ? 2 : 1;
-        for (int64_t p0 = 0; p0 < nmax; p0 += PTILE) {
+    for (int64_t p0 = 0; p0 < nmax; p0 += PTILE) {
+        for (int64_t p = p0 + PTILE; p < p0 + 2 * PTILE && p < nmax; p++)
+            for (int64_t j = 0; j < hd; j += 16) _mm_prefetch((const char *)(vp + off[p] + j),
+                                                              _MM_HINT_T1);
+        for (int64_t c = 0; c < hd; c += 16) {
+            const int nv = hd - c >= 16 ? 2 : 1;
             for (int i = 0; i < m; i++) {
                 if (p0 >= n[i]) continue;
                 const int64_t p1 = n[i] < p0 + PTILE ? n[i] : p0 + PTILE;
