@@ -1,37 +1,194 @@
-"""Which sequences run this step: waiting requests join while KV slots are free."""
+"""Which sequences run in a step, and with how many tokens each: a token budget, KV blocks,
+first come first served.
+
+Every step is one target pass. It holds, in this order:
+1. a decode or verify row group (the last token plus k drafts) for every running sequence
+   that has finished its prefill, oldest first; each grows its blocks to hold them. When the
+   blocks run out, the newest running sequence is preempted (its blocks freed, itself put
+   back at the front of the waiting queue to be recomputed later) until the growth fits;
+2. prefill chunks, with what is left of `max_num_batched_tokens` (decode rows always run):
+   first for running sequences still prefilling, oldest first, then for waiting sequences,
+   which are admitted in arrival order while the budget, `max_num_seqs` and the blocks allow.
+   A new sequence first takes the blocks of its prompt that the prefix cache holds.
+
+Admission keeps one free block per running sequence in reserve (a watermark), so a newly
+admitted prompt does not take the blocks the running sequences need for their next rows and
+then get preempted at once. A sequence that does not fit in the whole cache cannot exist: the
+engine refuses a cache smaller than one `max_model_len` sequence.
+"""
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
 
+from specserve.engine.block_manager import BlockManager
 from specserve.engine.sequence import Sequence, Status
 
 
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    seq: Sequence
+    start: int  # first position fed
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """The prompt's last chunk: its last row's logits give the sequence's first token."""
+        end = self.start + self.num_tokens
+        return end == self.seq.prefill_end == len(self.seq.token_ids)
+
+
+@dataclass
+class StepPlan:
+    decode: list[Sequence] = field(default_factory=list)  # prefilled, oldest first
+    ks: list[int] = field(default_factory=list)  # drafts to verify per decoding sequence
+    chunks: list[Chunk] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)  # joined running this step
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(k + 1 for k in self.ks) + sum(c.num_tokens for c in self.chunks)
+
+
 class Scheduler:
-    def __init__(self, max_num_seqs: int) -> None:
+    def __init__(self, max_num_seqs: int, max_num_batched_tokens: int,
+                 blocks: BlockManager) -> None:
         self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.blocks = blocks
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.running: list[Sequence] = []  # admission order: the newest last
+        self.num_preemptions = 0
+        self.prefix_cache_hit_tokens = 0  # prompt positions taken from the prefix cache
+        self.prompt_tokens_computed = 0  # prompt (and recomputed) positions fed to the target
 
     def add(self, seq: Sequence) -> None:
+        seq.prefill_end = len(seq.token_ids)
         self.waiting.append(seq)
 
-    def admit(self, free_slots: int) -> list[Sequence]:
-        """Move waiting sequences to running, first come first served."""
-        room = min(free_slots, self.max_num_seqs - len(self.running))
-        admitted = []
-        while self.waiting and room > 0:
-            seq = self.waiting.popleft()
-            seq.status = Status.RUNNING
-            admitted.append(seq)
-            room -= 1
-        self.running += admitted
-        return admitted
+    def remove(self, seq: Sequence) -> None:
+        """Take a waiting sequence out (an abort); the caller frees its memory."""
+        self.waiting.remove(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
 
     def retire(self) -> list[Sequence]:
         done = [s for s in self.running if s.finished]
         self.running = [s for s in self.running if not s.finished]
         return done
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+    # ------------------------------------------------------------------ the plan
+    def schedule(self, choose_k: Callable[[Sequence, int], int],
+                 release: Callable[[Sequence], None]) -> StepPlan:
+        """Plan one step. `choose_k(seq, batch_size)` picks a decoding sequence's drafts;
+        `release(seq)` frees what a preempted sequence holds outside the target's blocks
+        (the draft model's cache)."""
+        plan = StepPlan()
+        batch_size = len(self.running)
+        for seq in [s for s in self.running if not s.prefilling]:
+            if seq.status is not Status.RUNNING:
+                continue  # preempted earlier in this loop
+            k = choose_k(seq, batch_size)
+            if not self._grow(seq, seq.num_cached + 1 + k, plan, release):
+                if k == 0 or not self._grow(seq, seq.num_cached + 1, plan, release):
+                    continue  # it preempted itself
+                k = 0
+            plan.decode.append(seq)
+            plan.ks.append(k)
+        budget = self.max_num_batched_tokens - sum(k + 1 for k in plan.ks)
+        for seq in [s for s in self.running if s.prefilling]:
+            if budget <= 0:
+                break
+            if seq.status is not Status.RUNNING:
+                continue
+            n = self._chunk(seq, budget, plan, release)
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if seq in plan.preempted:
+                break  # it just gave its blocks up: no room for it in this step
+            n = self._admit(seq, budget, plan)
+            if n < 0:
+                break
+            budget -= n
+        return plan
+
+    def _grow(self, seq: Sequence, num_tokens: int, plan: StepPlan,
+              release: Callable[[Sequence], None]) -> bool:
+        """Blocks for `num_tokens` positions of `seq`, preempting the newest running sequences
+        while they do not fit; False when `seq` itself was preempted."""
+        while not self.blocks.reserve(seq.table, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim, plan, release)
+            if victim is seq:
+                return False
+        return True
+
+    def _chunk(self, seq: Sequence, budget: int, plan: StepPlan,
+               release: Callable[[Sequence], None]) -> int:
+        """The next prefill chunk of a running sequence; returns the tokens it takes."""
+        n = min(seq.prefill_end - seq.num_cached, budget)
+        n = min(n, self._room(seq))
+        if n <= 0:  # no block at all: make room like a decode row would
+            if not self._grow(seq, seq.num_cached + 1, plan, release):
+                return 0
+            n = min(seq.prefill_end - seq.num_cached, budget, self._room(seq))
+        self.blocks.reserve(seq.table, seq.num_cached + n)
+        plan.chunks.append(Chunk(seq, seq.num_cached, n))
+        self.prompt_tokens_computed += n
+        return n
+
+    def _admit(self, seq: Sequence, budget: int, plan: StepPlan) -> int:
+        """Admit the first waiting sequence with its first chunk; −1 when it must wait."""
+        # a fresh prompt needs its last position computed (its logits); a recomputation not
+        tokens = seq.token_ids
+        limit = seq.prefill_end - (1 if seq.prefill_end == len(tokens) else 0)
+        hit = self.blocks.match_prefix(seq.table, tokens, limit)
+        seq.num_cached = hit
+        watermark = sum(1 for s in self.running if not s.prefilling)
+        n = min(seq.prefill_end - hit, budget)
+        spare = self.blocks.num_available - watermark
+        n = min(n, len(seq.table.blocks) * self.blocks.block_size + spare * self.blocks.block_size
+                - hit)
+        if n <= 0 and seq.prefill_end > hit:
+            self.blocks.free(seq.table)  # waiting sequences hold no blocks
+            seq.num_cached = 0
+            return -1
+        self.waiting.popleft()
+        self.blocks.reserve(seq.table, hit + n)
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        plan.admitted.append(seq)
+        self.prefix_cache_hit_tokens += hit
+        if n > 0:
+            plan.chunks.append(Chunk(seq, hit, n))
+            self.prompt_tokens_computed += n
+        return n
+
+    def _room(self, seq: Sequence) -> int:
+        """Positions `seq` could hold beyond its cached ones with the blocks available now."""
+        return (len(seq.table.blocks) + self.blocks.num_available) * self.blocks.block_size \
+            - seq.num_cached
+
+    def _preempt(self, seq: Sequence, plan: StepPlan, release: Callable[[Sequence], None]) -> None:
+        """Free `seq`'s blocks and put it back at the front of the waiting queue: later it
+        recomputes its prompt and output (every token but the last) and resumes."""
+        self.running.remove(seq)
+        if seq in plan.decode:  # already planned this step (an older one needed its blocks)
+            i = plan.decode.index(seq)
+            del plan.decode[i], plan.ks[i]
+        for chunk in [c for c in plan.chunks if c.seq is seq]:
+            plan.chunks.remove(chunk)
+            self.prompt_tokens_computed -= chunk.num_tokens
+        self.blocks.free(seq.table)
+        release(seq)
+        seq.num_cached = 0
+        seq.prefill_end = len(seq.token_ids) - (1 if seq.num_output > 0 else 0)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        plan.preempted.append(seq)
+        self.num_preemptions += 1

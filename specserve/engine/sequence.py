@@ -1,7 +1,8 @@
 """One request's sequence: its tokens, where it stands in the KV cache, and its bookkeeping.
 
-Invariant between engine steps: the target cache holds every token but the last
-(`num_cached == len(token_ids) - 1`); the next pass feeds the last token (plus any draft).
+Invariant between engine steps, once prefilled: the target cache holds every token but the
+last (`num_cached == len(token_ids) - 1`); the next pass feeds the last token (plus any draft).
+While `num_cached < prefill_end` the sequence is prefilling: each step may feed it a chunk.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from enum import Enum
 
 import torch
 
+from specserve.engine.block_manager import BlockTable
 from specserve.sampling.params import SamplingParams
 from specserve.sampling.stop import StopChecker
 from specserve.speculative.metrics import SpecMetrics
@@ -35,8 +37,12 @@ class Sequence:
     tv_budget: float
     token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
-    slot: int = -1
-    num_cached: int = 0
+    table: BlockTable = field(default_factory=BlockTable)  # its blocks in the target's KV cache
+    num_cached: int = 0  # positions of the target's KV cache computed (see the module doc)
+    # positions to compute before the first round: the prompt (the last chunk's logits give
+    # the first token) or, after a preemption, every token but the last (no sampling)
+    prefill_end: int = 0
+    speculation: object = None  # the request's SpeculationOverride | None
     text: str = ""
     finish_reason: str | None = None
     policy: object = None  # the request's draft-length policy (spec.policies)
@@ -62,6 +68,10 @@ class Sequence:
     @property
     def num_output(self) -> int:
         return len(self.token_ids) - self.prompt_len
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_cached < self.prefill_end
 
     @property
     def finished(self) -> bool:

@@ -1,13 +1,15 @@
 """The decoder-only transformer behind `llama` and `qwen2` checkpoints.
 
 RMSNorm → attention with rotary position embeddings (rotate-half layout, as in Hugging Face
-checkpoints) and grouped-query heads → RMSNorm → SwiGLU MLP, with a KV cache in slots.
+checkpoints) and grouped-query heads → RMSNorm → SwiGLU MLP, with a paged KV cache.
 References: Touvron et al. 2023 (LLaMA); Qwen2 technical report 2407.10671; Su et al. 2104.09864
 (RoPE).
 
-One `forward` serves the three shapes of generation: prefill (many tokens), decode (one token)
-and verify (k + 1 tokens against a cached prefix). Rows of a batch may start at different cache
-lengths and carry different numbers of tokens (right-padded to the longest).
+One `forward` serves every shape of generation: prefill chunks, decode steps and verify
+passes, mixed in one batch. The batch is flat: each row is one token of one sequence at one
+position, there is no padding, and every row takes the same path (row-wise projections,
+`ragged_attention` on the sequence's own blocks), so a row's result does not depend on what
+else is in the pass.
 """
 
 from __future__ import annotations
@@ -18,30 +20,52 @@ import torch
 import torch.nn.functional as F
 
 from specserve import kernels
-from specserve.engine.kv_cache import KVCache
+from specserve.models.attention import ragged_attention
 from specserve.models.config import ModelConfig
+from specserve.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
 
 
 @dataclass(frozen=True, slots=True)
 class ForwardBatch:
-    """Where each row's tokens go in the cache.
+    """Which tokens a pass feeds and where their keys and values go.
 
     E.g. a verify pass of 3 tokens for a sequence with 10 cached tokens next to a decode step
-    of a sequence with 4: tokens [[a, b, c], [d, 0, 0]], starts [10, 4], lengths [3, 1].
+    of a sequence with 4: tokens [a, b, c, d], positions [10, 11, 12, 4], row_seq [0, 0, 0, 1],
+    lengths [3, 1], and each sequence's block table (or, in the fixed-slot view, its slot).
     """
 
-    tokens: torch.Tensor  # [batch, T] long, right-padded
-    starts: list[int]  # [batch] cached positions before this pass
-    lengths: list[int]  # [batch] real tokens in each row
-    slots: list[int]  # [batch] KV cache slot of each row
+    tokens: torch.Tensor  # [rows] long
+    positions: torch.Tensor  # [rows] long
+    row_seq: torch.Tensor  # [rows] int32: which sequence of the batch each row belongs to
+    lengths: list[int]  # [num_seqs] rows of each sequence (0 allowed)
+    block_tables: torch.Tensor | None  # [num_seqs, max_blocks] int32 | None: use `slots`
+    slots: list[int] | None = None  # [num_seqs] fixed slots of a `new_cache(num_slots, ...)`
+
+    @staticmethod
+    def paged(rows: list[list[int]], starts: list[int],
+              block_tables: list[list[int]]) -> "ForwardBatch":
+        """`rows[i]` fed at positions `starts[i]...` of the sequence whose blocks are
+        `block_tables[i]` (every block the rows' positions reach must be listed)."""
+        width = max(1, max(len(t) for t in block_tables))
+        tables = torch.zeros((len(rows), width), dtype=torch.int32)
+        for i, t in enumerate(block_tables):
+            tables[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+        return ForwardBatch._flat(rows, starts, tables, None)
 
     @staticmethod
     def from_lists(rows: list[list[int]], starts: list[int], slots: list[int]) -> "ForwardBatch":
-        width = max(len(r) for r in rows)
-        tokens = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            tokens[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        return ForwardBatch(tokens, list(starts), [len(r) for r in rows], list(slots))
+        """The fixed-slot view: `rows[i]` at positions `starts[i]...` of slot `slots[i]`."""
+        return ForwardBatch._flat(rows, starts, None, list(slots))
+
+    @staticmethod
+    def _flat(rows, starts, tables, slots) -> "ForwardBatch":
+        lengths = [len(r) for r in rows]
+        tokens = torch.tensor([t for r in rows for t in r], dtype=torch.long)  # [rows]
+        positions = torch.tensor([s + j for s, n in zip(starts, lengths) for j in range(n)],
+                                 dtype=torch.long)  # [rows]
+        row_seq = torch.repeat_interleave(torch.arange(len(rows), dtype=torch.int32),
+                                          torch.tensor(lengths))  # [rows]
+        return ForwardBatch(tokens, positions, row_seq, lengths, tables, slots)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -60,24 +84,6 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 # bfloat16 (AVX2) run bf16 GEMMs ~10x slower than converting the weight and calling sgemm.
 FLOAT32_GEMM_ROWS = 32
 ATTN_DTYPE = torch.float32
-# Passes of up to this many tokens (verify passes, batched decode steps) attend position by
-# position, the way a single decode step does: with batch-invariant matmuls (the native
-# quantized kernels) a verify pass then reproduces plain decoding's logits bit for bit, so
-# greedy speculative decoding returns exactly the target-only text. Longer passes (prefill)
-# use one masked attention call.
-BATCH_INVARIANT_ROWS = 64
-
-
-def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Attention of one query position on every key given: q `[1, heads, 1, hd]`, keys and
-    values `[1, kv_heads, n, hd]` → `[1, heads, 1, hd]`. The query heads that share a KV head
-    become that head's rows (head h reads KV head h // (heads / kv_heads), as grouped-query
-    attention defines), so the keys are read in place: `enable_gqa` would first copy them
-    for every query head, which at a context of a thousand tokens cost a decode step of the
-    1.5B target more than its whole attention arithmetic (and a verify pass that, per row)."""
-    _, heads, _, hd = q.shape
-    grouped = q.reshape(1, keys.shape[1], heads // keys.shape[1], hd)  # [1, kv, group, hd]
-    return F.scaled_dot_product_attention(grouped, keys, values).reshape(1, heads, 1, hd)
 
 
 class Linear:
@@ -156,65 +162,56 @@ class Transformer:
             torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
         self._inv_freq = inv_freq  # [head_dim / 2]
 
-    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+    def new_cache(self, num_slots: int, max_len: int,
+                  block_size: int = DEFAULT_BLOCK_SIZE) -> KVCache:
+        """A cache of `num_slots` fixed strips of `max_len` positions (`ForwardBatch.from_lists`)."""
+        per_slot = -(-max_len // block_size)
+        return self.new_pool(num_slots * per_slot, block_size, num_slots)
+
+    def new_pool(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                 num_slots: int = 0) -> KVCache:
+        """Per-layer pools of `num_blocks` blocks, addressed by block tables (`ForwardBatch.paged`)."""
         c = self.cfg
-        return KVCache(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim, ATTN_DTYPE)
+        return KVCache(c.num_layers, num_blocks, c.num_kv_heads, block_size, c.head_dim,
+                       ATTN_DTYPE, num_slots)
+
+    def kv_bytes_per_token(self) -> int:
+        c = self.cfg
+        return KVCache.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, ATTN_DTYPE)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[..., None] * self._inv_freq  # [batch, T, head_dim / 2]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [batch, 1, T, head_dim]
+        freqs = positions.float()[..., None] * self._inv_freq  # [rows, head_dim / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [rows, 1, head_dim]
         return emb.cos(), emb.sin()
-
-    def _mask(self, batch: ForwardBatch, width: int, end: int) -> torch.Tensor:
-        starts = torch.tensor(batch.starts)[:, None, None]  # [batch, 1, 1]
-        q_pos = starts + torch.arange(width)[None, :, None]  # [batch, T, 1]
-        k_pos = torch.arange(end)[None, None, :]  # [1, 1, end]
-        return (k_pos <= q_pos)[:, None]  # [batch, 1, T, end]
 
     def hidden_states(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """Run the decoder over `batch`, writing its keys/values into `cache`. Returns the final
-        normalised hidden states `[batch, T, hidden]` (padded positions hold garbage)."""
+        normalised hidden states `[rows, hidden]`."""
         c = self.cfg
-        bsz, width = batch.tokens.shape
-        positions = torch.tensor(batch.starts)[:, None] + torch.arange(width)  # [batch, T]
-        cos, sin = self._rope(positions)
-        end = max(s + n for s, n in zip(batch.starts, batch.lengths))
-        per_position = bsz * width <= BATCH_INVARIANT_ROWS  # decode steps and verify passes
-        mask = None if per_position else self._mask(batch, width, end)
+        rows = batch.tokens.shape[0]
+        tables = batch.block_tables if batch.block_tables is not None \
+            else cache.slot_tables(batch.slots)  # [num_seqs, max_blocks]
+        block_of = tables[batch.row_seq.long(), batch.positions // cache.block_size]  # [rows]
+        slot_mapping = block_of.long() * cache.block_size + batch.positions % cache.block_size
+        cos, sin = self._rope(batch.positions)  # [rows, 1, head_dim]
         q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        x = F.embedding(batch.tokens, self.embed).to(self.act_dtype)  # [batch, T, hidden]
+        x = F.embedding(batch.tokens, self.embed).to(self.act_dtype)  # [rows, hidden]
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             q, k, v = layer.qkv(h).to(ATTN_DTYPE).split([q_dim, kv_dim, kv_dim], dim=-1)
-            q = q.view(bsz, width, c.num_heads, c.head_dim).transpose(1, 2)  # [batch, heads, T, hd]
-            k = k.view(bsz, width, c.num_kv_heads, c.head_dim).transpose(1, 2)  # [batch, kv, T, hd]
-            v = v.view(bsz, width, c.num_kv_heads, c.head_dim).transpose(1, 2)
+            q = q.view(rows, c.num_heads, c.head_dim)  # [rows, heads, hd]
+            k = k.view(rows, c.num_kv_heads, c.head_dim)  # [rows, kv, hd]
+            v = v.view(rows, c.num_kv_heads, c.head_dim)  # [rows, kv, hd]
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            cache.write(i, batch.slots, batch.starts, batch.lengths, k, v)
-            if per_position:
-                attn = self._attend_per_position(i, batch, q, cache)
-            else:
-                keys, values = cache.read(i, batch.slots, end)  # [batch, kv, end, hd]
-                attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                      enable_gqa=True)
-            x = x + layer.o(attn.transpose(1, 2).reshape(bsz, width, q_dim).to(x.dtype))
+            cache.write(i, slot_mapping, k, v)
+            attn = ragged_attention(q, cache.keys[i], cache.values[i], tables, batch.row_seq,
+                                    batch.positions)  # [rows, heads, hd]
+            x = x + layer.o(attn.reshape(rows, q_dim).to(x.dtype))
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         return rms_norm(x, self.norm, c.rms_norm_eps)
-
-    def _attend_per_position(self, layer: int, batch: ForwardBatch, q: torch.Tensor,
-                             cache: KVCache) -> torch.Tensor:
-        """Attention of each real position on its own, exactly as a one-token decode step
-        computes it (same call, same shapes, no mask), so a verify pass gives the same logits
-        as decoding its tokens one by one. `q` [batch, heads, T, hd] → [batch, heads, T, hd]."""
-        out = torch.zeros_like(q)
-        for row, (slot, start, n) in enumerate(zip(batch.slots, batch.starts, batch.lengths)):
-            for t in range(n):
-                keys, values = cache.read(layer, [slot], start + t + 1)  # [1, kv, pos + 1, hd]
-                out[row:row + 1, :, t:t + 1] = attend_one(q[row:row + 1, :, t:t + 1], keys, values)
-        return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[..., hidden]` → float32 logits `[..., vocab]`."""
@@ -222,10 +219,15 @@ class Transformer:
 
     def forward(self, batch: ForwardBatch, cache: KVCache, last_n: list[int] | None = None
                 ) -> list[torch.Tensor]:
-        """Logits of the last `last_n[row]` real positions of each row (default: all real
-        positions): a list of `[n_row, vocab]` float32 tensors."""
-        hidden = self.hidden_states(batch, cache)  # [batch, T, hidden]
+        """Logits of the last `last_n[seq]` rows of each sequence (default: all its rows;
+        0: none): a list of `[n_seq, vocab]` float32 tensors."""
+        hidden = self.hidden_states(batch, cache)  # [rows, hidden]
         wanted = last_n if last_n is not None else batch.lengths
-        rows = [hidden[r, n - m:n] for r, (n, m) in enumerate(zip(batch.lengths, wanted))]
-        logits = self.logits(torch.cat(rows))  # [sum(wanted), vocab]
+        picks, end = [], 0
+        for n, m in zip(batch.lengths, wanted):
+            end += n
+            picks += range(end - m, end)
+        if not picks:  # a pass that only fills the cache (prefill chunks)
+            return [hidden.new_zeros((0, self.cfg.vocab_size), dtype=torch.float32)] * len(wanted)
+        logits = self.logits(hidden[torch.tensor(picks, dtype=torch.long)])  # [sum(wanted), vocab]
         return list(logits.split(list(wanted)))

@@ -1,10 +1,17 @@
 """Drafting with a smaller model that shares the target's tokenizer.
 
-The draft model keeps its own KV cache (one slot per sequence). Before proposing it catches up
-on the tokens it has not seen (the last accepted tokens and the recovered/bonus token), then
-samples k tokens one step at a time from the *processed* distribution (the same
-`processed_probs` the verifier uses). After verification it forgets what was rejected:
+The draft model keeps its own paged KV cache (its own blocks per sequence, through a
+`PagedRunner`: the engine's model runner is one). Before proposing it catches up on the
+tokens it has not seen (the last accepted tokens and the recovered/bonus token), then samples
+k tokens one step at a time from the *processed* distribution (the same `processed_probs` the
+verifier uses). After verification it forgets what was rejected:
 `seen = min(seen, old_len + accepted)`.
+
+Prefill trails the target's: a sequence's draft cache starts with the blocks the draft's
+prefix cache holds, then is fed its tokens in chunks, batched with the other sequences' chunks
+and with the first draft step of the sequences that draft, at most `max_prefill_tokens` per
+call. Until its draft has caught up (all but a few tokens seen) a sequence is not `ready` and
+the engine does not ask it for drafts; nothing waits on a whole-prompt draft prefill.
 
 Bounded catch-up: after rounds without drafting (a policy at k = 0) the unseen tail can be
 long, and feeding it all would cost a draft prefill of every token decoded meanwhile, paid
@@ -12,30 +19,68 @@ by the probe that asks whether drafting pays again. So the draft is fed at most
 `max_catchup` of the newest unseen tokens and skips the rest: its context gets a hole, its
 positions run behind the target's by `skipped`. That changes only how good the drafts are,
 never the output distribution: the verifier judges each draft against the distribution it
-was actually sampled from.
+was actually sampled from. A cache with a hole no longer matches its tokens, so from then
+on the sequence registers no more draft blocks in the prefix cache.
+
+When the draft's cache is full a sequence drafts nothing that round (or its prefill waits);
+the draft model never preempts anything.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
-from specserve.engine.runner import ModelRunner
-from specserve.engine.sequence import Sequence
+from specserve.sampling.params import SamplingParams
 from specserve.sampling.processors import needs_history, processed_probs
 from specserve.sampling.rejection import sample_from
 from specserve.speculative.drafter import EMPTY, Proposal
 
-
 DEFAULT_MAX_CATCHUP = 4  # newest unseen tokens fed before drafting; older ones are skipped
+DEFAULT_MAX_PREFILL_TOKENS = 256  # draft prefill positions per call
+
+
+class DraftSequence(Protocol):
+    """What the drafter reads of a sequence (the engine's `Sequence` is one)."""
+
+    seq_id: int
+    token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+
+    @property
+    def prompt_len(self) -> int: ...
+
+
+class PagedRunner(Protocol):
+    """A model with a paged KV cache and a block manager (the engine's `ModelRunner`)."""
+
+    model: object  # has `cfg.vocab_size`
+
+    def new_table(self) -> object: ...
+
+    def reserve(self, table, num_tokens: int) -> bool: ...
+
+    def free(self, table) -> None: ...
+
+    def match_prefix(self, table, tokens: list[int], max_tokens: int) -> int: ...
+
+    def register(self, table, tokens: list[int], num_committed: int) -> None: ...
+
+    def forward(self, rows: list[list[int]], starts: list[int], tables: list,
+                last_n: list[int] | None = None) -> list[torch.Tensor]: ...
 
 
 class _DraftSeq:
-    __slots__ = ("slot", "seen", "skipped", "tokens", "probs")
+    __slots__ = ("seq", "table", "seen", "skipped", "prefilling", "tokens", "probs")
 
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
+    def __init__(self, seq: DraftSequence, table) -> None:
+        self.seq = seq
+        self.table = table
         self.seen = 0  # tokens of the sequence (target positions) the draft has accounted for
         self.skipped = 0  # of those, how many it never fed (bounded catch-up)
+        self.prefilling = True  # fed in chunks until it has (nearly) caught up
         self.tokens: list[int] = []
         self.probs: list[torch.Tensor] = []
 
@@ -46,49 +91,115 @@ class _DraftSeq:
 
 
 class DraftModelDrafter:
-    def __init__(self, runner: ModelRunner, target_vocab: int,
-                 max_catchup: int | None = DEFAULT_MAX_CATCHUP) -> None:
+    def __init__(self, runner: PagedRunner, target_vocab: int,
+                 max_catchup: int | None = DEFAULT_MAX_CATCHUP,
+                 max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS) -> None:
         if max_catchup is not None and max_catchup < 2:
             raise ValueError(f"max_catchup must be >= 2 or None (unbounded), got {max_catchup}")
+        if max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
         self.runner = runner
         self.target_vocab = target_vocab
         self.max_catchup = max_catchup
-        self._seqs: dict[int, _DraftSeq] = {}
+        self.max_prefill_tokens = max_prefill_tokens
+        self._seqs: dict[int, _DraftSeq] = {}  # by seq_id, in arrival order
 
-    def start(self, seq: Sequence) -> None:
-        """Allocate a slot and prefill the prompt now, as part of the request's time to first
-        token (like the target's prefill), not inside its first decoding round."""
-        state = _DraftSeq(self.runner.cache.allocate())
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, seq: DraftSequence) -> None:
+        """A sequence joins: take what the draft's prefix cache holds of its tokens; the rest
+        is prefilled in chunks by the next calls of `propose`."""
+        state = _DraftSeq(seq, self.runner.new_table())
+        state.seen = self.runner.match_prefix(state.table, seq.token_ids,
+                                              len(seq.token_ids) - 1)
         self._seqs[seq.seq_id] = state
-        self.runner.forward([seq.prompt_ids], [0], [state.slot], [1])
-        state.seen = seq.prompt_len
+        self._check_caught_up(seq, state)
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, seq: DraftSequence) -> None:
         state = self._seqs.pop(seq.seq_id, None)
         if state is not None:
-            self.runner.cache.release(state.slot)
+            self.runner.free(state.table)
 
-    def commit(self, seq: Sequence, num_accepted: int, old_len: int) -> None:
+    def ready(self, seq: DraftSequence) -> bool:
+        """Whether the sequence can draft this round (its draft prefill is done)."""
+        state = self._seqs.get(seq.seq_id)
+        return state is not None and not state.prefilling
+
+    def pending(self) -> bool:
+        """Whether some sequence's draft prefill is still under way."""
+        return any(st.prefilling for st in self._seqs.values())
+
+    def commit(self, seq: DraftSequence, num_accepted: int, old_len: int) -> None:
         state = self._seqs[seq.seq_id]
         state.seen = min(state.seen, old_len + num_accepted)
+        self._register(seq, state)
 
-    def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
-        active = [(seq, k, self._seqs[seq.seq_id]) for seq, k in zip(seqs, ks) if k > 0]
-        for _, _, state in active:
+    # ------------------------------------------------------------------ drafting
+    def propose(self, seqs: list[DraftSequence], ks: list[int]) -> list[Proposal]:
+        """Drafts for `seqs` (k = ks[i]; only ready sequences may ask for k > 0), and in the
+        same first pass, the next prefill chunks of sequences whose draft is still behind."""
+        active = []
+        for seq, k in zip(seqs, ks):
+            state = self._seqs[seq.seq_id]
             state.tokens, state.probs = [], []
-        # catch up on unseen tokens (at most max_catchup), then one step per drafted token
-        rows = [self._catch_up(seq, st) for seq, _, st in active]
-        while active:
-            logits = self.runner.forward(rows, [st.num_cached for _, _, st in active],
-                                         [st.slot for _, _, st in active], [1] * len(active))
-            for (seq, _, st), row, lg in zip(active, rows, logits):
+            if k > 0:
+                assert not state.prefilling, "propose asked a sequence whose draft is not ready"
+                row = self._catch_up(seq, state)
+                # every position this round writes: catch-up, then k - 1 fed drafts
+                if self.runner.reserve(state.table, state.num_cached + len(row) + k - 1):
+                    active.append((seq, k, state, row))
+        chunks = self._prefill_chunks()
+        rows = [row for *_, row in active] + [row for _, _, row in chunks]
+        starts = [st.num_cached for _, _, st, _ in active] + [st.num_cached for _, st, _ in chunks]
+        tables = [st.table for _, _, st, _ in active] + [st.table for _, st, _ in chunks]
+        last_n = [1] * len(active) + [0] * len(chunks)
+        first = True
+        while rows:
+            logits = self.runner.forward(rows, starts, tables, last_n)
+            if first:
+                for seq, st, row in chunks:
+                    st.seen += len(row)
+                    self._register(seq, st)
+                    self._check_caught_up(seq, st)
+                first = False
+            for (seq, _, st, row), lg in zip(active, logits):
                 st.seen += len(row)
                 self._sample(seq, st, lg)
-            active = [(seq, k, st) for seq, k, st in active if len(st.tokens) < k]
-            rows = [[st.tokens[-1]] for _, _, st in active]
+            active = [(seq, k, st, [st.tokens[-1]]) for seq, k, st, _ in active
+                      if len(st.tokens) < k]
+            rows = [row for *_, row in active]
+            starts = [st.num_cached for _, _, st, _ in active]
+            tables = [st.table for _, _, st, _ in active]
+            last_n = [1] * len(active)
         return [self._proposal(seq, k) for seq, k in zip(seqs, ks)]
 
-    def _catch_up(self, seq: Sequence, st: _DraftSeq) -> list[int]:
+    def _prefill_chunks(self) -> list[tuple[DraftSequence, _DraftSeq, list[int]]]:
+        """The next prefill chunks, oldest sequence first, within `max_prefill_tokens` and
+        the blocks available (all but the last token: the first catch-up feeds it)."""
+        budget, chunks = self.max_prefill_tokens, []
+        for st in self._seqs.values():
+            seq = st.seq
+            if budget <= 0:
+                break
+            if not st.prefilling:
+                continue
+            n = min(len(seq.token_ids) - 1 - st.seen, budget)
+            while n > 0 and not self.runner.reserve(st.table, st.num_cached + n):
+                n //= 2  # the cache is nearly full: a smaller chunk, or none this time
+            if n > 0:
+                chunks.append((seq, st, seq.token_ids[st.seen:st.seen + n]))
+                budget -= n
+        return chunks
+
+    def _check_caught_up(self, seq: DraftSequence, st: _DraftSeq) -> None:
+        unseen = len(seq.token_ids) - st.seen
+        if unseen <= 1 or (self.max_catchup is not None and unseen <= self.max_catchup):
+            st.prefilling = False
+
+    def _register(self, seq: DraftSequence, st: _DraftSeq) -> None:
+        if st.skipped == 0:  # positions are token positions: full blocks can be shared
+            self.runner.register(st.table, seq.token_ids, min(st.seen, len(seq.token_ids)))
+
+    def _catch_up(self, seq: DraftSequence, st: _DraftSeq) -> list[int]:
         """The unseen tokens to feed; older ones beyond `max_catchup` are marked skipped."""
         unseen = len(seq.token_ids) - st.seen
         if self.max_catchup is not None and unseen > self.max_catchup:
@@ -97,7 +208,7 @@ class DraftModelDrafter:
             st.skipped += skip
         return seq.token_ids[st.seen:]
 
-    def _sample(self, seq: Sequence, st: _DraftSeq, logits: torch.Tensor) -> None:
+    def _sample(self, seq: DraftSequence, st: _DraftSeq, logits: torch.Tensor) -> None:
         logits = self._align(logits)  # [1, target vocab]
         # the history is only read for penalties: skip copying the sequence when none are set
         history = seq.token_ids + st.tokens if needs_history(seq.params) else seq.token_ids
@@ -109,10 +220,10 @@ class DraftModelDrafter:
             st.tokens.append(sample_from(probs[0], u))
             st.probs.append(probs[0])
 
-    def _proposal(self, seq: Sequence, k: int) -> Proposal:
-        if k == 0:
-            return EMPTY
+    def _proposal(self, seq: DraftSequence, k: int) -> Proposal:
         st = self._seqs[seq.seq_id]
+        if k == 0 or not st.tokens:
+            return EMPTY
         probs = torch.stack(st.probs) if st.probs else None  # [k, vocab] | None (greedy)
         return Proposal(list(st.tokens), probs)
 

@@ -33,10 +33,18 @@ EMPTY = Proposal([], None)
 
 class Drafter(Protocol):
     def start(self, seq: "Sequence") -> None:
-        """A sequence joins (after its prompt was prefilled by the target)."""
+        """A sequence joins (when the scheduler admits it; its prompt may still be prefilling)."""
+
+    def ready(self, seq: "Sequence") -> bool:
+        """Whether the sequence can be asked for drafts this round (a draft model's own
+        prefill of it may still be under way)."""
+
+    def pending(self) -> bool:
+        """Whether `propose` has work even when no sequence drafts (a draft prefill)."""
 
     def propose(self, seqs: list["Sequence"], ks: list[int]) -> list[Proposal]:
-        """Up to `ks[i]` tokens following `seqs[i].token_ids`, for all sequences in one batch."""
+        """Up to `ks[i]` tokens following `seqs[i].token_ids`, for all sequences in one batch
+        (`ks[i] > 0` only for ready sequences)."""
 
     def commit(self, seq: "Sequence", num_accepted: int, old_len: int) -> None:
         """The verify pass kept `num_accepted` proposed tokens; `seq.token_ids` already holds

@@ -133,6 +133,12 @@ class NgramDrafter:
         self._buffers[seq.seq_id] = _TokenBuffer()
         self._buffers[seq.seq_id].sync(seq.token_ids)
 
+    def ready(self, seq: "Sequence") -> bool:
+        return True
+
+    def pending(self) -> bool:
+        return False
+
     def propose(self, seqs: list["Sequence"], ks: list[int]) -> list[Proposal]:
         assert len(seqs) == len(ks), "one k per sequence"
         return [self._propose_one(seq, k) for seq, k in zip(seqs, ks)]

@@ -97,7 +97,7 @@ def test_cost_model_skips_draft_timings_of_rounds_that_resume_after_idle_rounds(
     from collections import Counter
 
     P, Q = toy.random_table(5, seed=1), toy.random_table(5, seed=2)
-    from specserve.speculative.policies import CostModel
+    from specserve.engine.cost_model import CostModel
 
     engine = toy.toy_engine(P, Q, k=2)
     draft_samples, verify_samples = [], []

@@ -82,18 +82,3 @@ def test_ragged_batch_equals_each_sequence_alone(tiny_hf):
         assert g.shape == ref.shape
         assert (g - ref).abs().max() <= TOL
 
-
-def test_attend_one_equals_grouped_query_attention_on_cache_views():
-    """The folded decode attention reads keys in place (a strided view of the cache) and
-    must give what grouped-query attention with expanded keys gives, head for head."""
-    import torch.nn.functional as F
-
-    from specserve.models.transformer import attend_one
-
-    g = torch.Generator().manual_seed(0)
-    for heads, kv, n in ((4, 2, 1), (12, 2, 37), (14, 2, 300), (8, 8, 5)):
-        cache = torch.randn(3, kv, 512, 16, generator=g)  # [slots, kv, max_len, hd]
-        keys, values = cache[1:2, :, :n], cache[2:3, :, :n]
-        q = torch.randn(1, heads, 1, 16, generator=g)
-        want = F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
-        assert (attend_one(q, keys, values) - want).abs().max() <= 1e-5

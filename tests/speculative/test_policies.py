@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
+from specserve.engine.cost_model import CostModel
+from specserve.speculative.cost_aware import CostAwarePolicy
 from specserve.speculative.policies import (
     AcceptanceRatePolicy,
     AcceptedLengthPolicy,
-    CostAwarePolicy,
-    CostModel,
     FixedPolicy,
     HeuristicPolicy,
     make_policy,

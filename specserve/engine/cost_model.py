@@ -1,0 +1,221 @@
+"""The engine's cost model: how long a step takes, by draft steps and by target rows.
+
+One per engine, shared by its requests' cost-aware policies (timings are a property of the
+models and the device, not of the text). Pricing a whole batched step: a target pass over R
+rows costs `verify_time(R - 1)` (a pass over k + 1 rows of one sequence is the batch-of-one
+case), so a sequence choosing k in a step whose other sequences already hold `other_rows`
+rows adds the difference between `pass_time(other_rows + k + 1)` and `pass_time(other_rows + 1)`.
+Where a pass is memory-bound (few rows: the weights are read once for all rows) that
+difference is small and drafting is cheap; where it is compute-bound (many rows) each row
+costs its share and drafting must earn it. The engine sets the step's context
+(`set_step`) before each policy chooses; the draft's time is priced at its k alone (a batched
+draft step costs about what one sequence's does on this scale of model).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DEFAULT_DRAFT_STEP_RATIO = 0.1  # a draft step / a decode step, before either is measured
+DEFAULT_VERIFY_ROW_RATIO = 0.1  # one more verified row / a decode step, before it is measured
+
+
+class CostModel:
+    """Online estimates of a round's draft and verify times; one per engine, shared by its
+    requests (timings are a property of the models and the device, not of the text).
+
+    Each observation updates an EMA kept per draft-step count / per k; a k not measured in
+    the last `max_age` observations is forgotten, so a slow first call (warm-up) or a drift
+    cannot keep a k from ever being chosen again. A k without a measurement is read off a
+    line fitted through the measured points (least squares, intercept and slope kept ≥ 0):
+    draft time = a + b·steps, verify time = a + b·(k + 1) rows. With one verify point the
+    line assumes each extra row costs `DEFAULT_VERIFY_ROW_RATIO` of a decode step; with one
+    draft point, a cost proportional to the steps. Before anything is measured, a decode
+    step is the unit and a draft step costs `DEFAULT_DRAFT_STEP_RATIO` of it.
+
+    Once `seed`ed from a calibration, the calibration fixes the *shape*: how the cost grows
+    with k (on the native kernels it rises in steps of four rows, which no line captures),
+    and observations only move two scales, one for drafting and one for the rest of the
+    round (EMA of observed / calibrated). A shared machine that slows down for a minute
+    then slows every k alike, and the choice between them, which depends on their ratios,
+    does not wander with the noise of whichever k happened to be measured in a slow second.
+    """
+
+    __slots__ = ("_draft", "_verify", "_lines", "_ema", "_base", "_scales", "other_rows",
+                 "other_seqs")
+
+    def __init__(self, ema: float = 0.2, max_age: int = 256) -> None:
+        if not 0.0 < ema <= 1.0:
+            raise ValueError(f"ema must be in (0, 1], got {ema}")
+        if max_age < 1:
+            raise ValueError(f"max_age must be >= 1, got {max_age}")
+        self._draft = _Timings(ema, max_age)  # draft steps → seconds of drafting them
+        self._verify = _Timings(ema, max_age)  # k → seconds of a target pass over k + 1 rows
+        self._lines: tuple[_Line, _Line] | None = None  # (draft, verify) fits; None = stale
+        self._ema = ema
+        self._base: CostModel | None = None  # the calibration (shape), once seeded
+        self._scales = [1.0, 1.0]  # observed / calibrated: [drafting, the rest of a round]
+        self.other_rows = 0  # rows the rest of the step's pass holds (see `set_step`)
+        self.other_seqs = 0  # sequences behind those rows
+
+    def seed(self, draft_step_s: float, verify_times: dict[int, float]) -> None:
+        """Start from a calibration: one draft step's time and verify times by k. From then
+        on the calibration is the shape and observations scale it (see the class doc)."""
+        base = CostModel()
+        base._draft.reset({1: _check_seconds("draft_step_s", draft_step_s)})
+        base._verify.reset(
+            {_check_k(k): _check_seconds("verify_times", s) for k, s in verify_times.items()}
+        )
+        self._base, self._scales = base, [1.0, 1.0]
+
+    def snapshot(self) -> dict:
+        """What the model currently believes, for reports: seconds of drafting k tokens and
+        of the rest of a round with k drafts, for the ks measured or calibrated, and the
+        observed / calibrated scales once seeded."""
+        verify = self._base._verify.values if self._base is not None else self._verify.values
+        ks = sorted({0, *verify})
+        return {"seeded": self._base is not None,
+                "scales": list(self._scales) if self._base is not None else None,
+                "draft_s": {k: self.draft_time(k) for k in ks if k > 0},
+                "verify_s": {k: self.verify_time(k) for k in ks}}
+
+    def observe_draft(self, num_steps: int, seconds: float) -> None:
+        """One round's drafting took `seconds` for `num_steps` draft steps (0: no drafting)."""
+        if num_steps > 0:
+            seconds = _check_seconds("seconds", seconds)
+            if self._base is not None:
+                self._rescale(0, seconds, self._base.draft_time(num_steps))
+            else:
+                self._draft.update(num_steps, seconds)
+                self._lines = None
+
+    def observe_verify(self, k: int, seconds: float) -> None:
+        """A target pass over k + 1 rows took `seconds` (k = 0: a plain decode step)."""
+        seconds, k = _check_seconds("seconds", seconds), _check_k(k)
+        if self._base is not None:
+            self._rescale(1, seconds, self._base.verify_time(k))
+        else:
+            self._verify.update(k, seconds)
+            self._lines = None
+
+    def _rescale(self, which: int, seconds: float, calibrated: float) -> None:
+        """Seeded: only the scale moves (the per-k timings are not read once seeded)."""
+        if calibrated > 0:
+            self._scales[which] += self._ema * (seconds / calibrated - self._scales[which])
+
+    def draft_time(self, k: int) -> float:
+        if k <= 0:
+            return 0.0
+        if self._base is not None:
+            return self._base.draft_time(k) * self._scales[0]
+        measured = self._draft.values.get(k)
+        return measured if measured is not None else self._fits()[0].at(k)
+
+    def verify_time(self, k: int) -> float:
+        if self._base is not None:
+            return self._base.verify_time(k) * self._scales[1]
+        measured = self._verify.values.get(k)
+        return measured if measured is not None else self._fits()[1].at(k + 1)
+
+    def round_time(self, k: int) -> float:
+        """Estimated seconds of a round drafting k tokens; k = 0 is a plain decode step."""
+        return self.draft_time(k) + self.verify_time(k)
+
+    def pass_time(self, rows: int) -> float:
+        """Estimated seconds of a target pass over `rows` rows (any mix of sequences)."""
+        return self.verify_time(max(rows, 1) - 1)
+
+    def set_step(self, other_rows: int, other_seqs: int) -> None:
+        """The step being planned: besides the sequence choosing now, the pass holds
+        `other_rows` rows of `other_seqs` sequences."""
+        self.other_rows, self.other_seqs = max(other_rows, 0), max(other_seqs, 0)
+
+    def step_time(self, k: int) -> float:
+        """Estimated seconds of the whole step if the sequence choosing now drafts k."""
+        return self.draft_time(k) + self.pass_time(self.other_rows + k + 1)
+
+    def _fits(self) -> tuple[_Line, _Line]:
+        if self._lines is None:
+            draft = self._draft.values
+            per_step = sum(draft.values()) / sum(draft) if draft else None
+            verify = self._verify_line(per_step)
+            self._lines = (self._draft_line(per_step, verify.at(1)), verify)
+        return self._lines
+
+    def _draft_line(self, per_step: float | None, decode: float) -> _Line:
+        if len(self._draft.values) >= 2:
+            return _fit_line(self._draft.values)
+        return _Line(0.0, per_step if per_step is not None else DEFAULT_DRAFT_STEP_RATIO * decode)
+
+    def _verify_line(self, per_step: float | None) -> _Line:
+        verify = self._verify.values
+        if len(verify) >= 2:
+            return _fit_line({k + 1: s for k, s in verify.items()})
+        if verify:
+            ((k, seconds),) = verify.items()
+            decode = seconds / (1.0 + DEFAULT_VERIFY_ROW_RATIO * k)
+        else:
+            decode = per_step / DEFAULT_DRAFT_STEP_RATIO if per_step is not None else 1.0
+        row = DEFAULT_VERIFY_ROW_RATIO * decode
+        return _Line(decode - row, row)
+
+
+class _Timings:
+    """EMA seconds by x (draft steps, or k); an x not updated in `max_age` updates is dropped."""
+
+    __slots__ = ("ema", "max_age", "values", "_stamps", "_clock")
+
+    def __init__(self, ema: float, max_age: int) -> None:
+        self.ema, self.max_age = ema, max_age
+        self.values: dict[int, float] = {}
+        self._stamps: dict[int, int] = {}  # x → the update count when x was last measured
+        self._clock = 0
+
+    def reset(self, values: dict[int, float]) -> None:
+        self.values = dict(values)
+        self._stamps = dict.fromkeys(values, self._clock)
+
+    def update(self, x: int, seconds: float) -> None:
+        self._clock += 1
+        old = self.values.get(x)
+        self.values[x] = seconds if old is None else self.ema * seconds + (1.0 - self.ema) * old
+        self._stamps[x] = self._clock
+        for stale in [y for y, stamp in self._stamps.items() if self._clock - stamp > self.max_age]:
+            del self.values[stale], self._stamps[stale]
+
+
+@dataclass(frozen=True, slots=True)
+class _Line:
+    intercept: float
+    slope: float
+
+    def at(self, x: float) -> float:
+        return self.intercept + self.slope * x
+
+
+def _fit_line(points: dict[int, float]) -> _Line:
+    """Least-squares y = a + b·x over ≥ 2 distinct x, with b ≥ 0 and then a ≥ 0 enforced."""
+    xs, ys = list(points), list(points.values())
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sxx
+    if slope < 0:
+        return _Line(mean_y, 0.0)
+    if mean_y - slope * mean_x < 0:  # refit through the origin
+        return _Line(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
+    return _Line(mean_y - slope * mean_x, slope)
+
+
+def _check_seconds(name: str, seconds: float) -> float:
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"{name} must be finite seconds >= 0, got {seconds}")
+    return float(seconds)
+
+
+def _check_k(k: int) -> int:
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    return int(k)
+
+
