@@ -48,36 +48,46 @@ def _check_indices(k_pool: torch.Tensor, block_tables: torch.Tensor, row_seq: to
                    row_pos: torch.Tensor) -> None:
     """What the native kernel checks itself: every index a row reads is in range."""
     num_seqs, max_blocks = block_tables.shape
-    block_size = k_pool.shape[2]
-    for r, (s, pos) in enumerate(zip(row_seq.tolist(), row_pos.tolist())):
-        if not 0 <= s < num_seqs:
-            raise ValueError(f"row_seq[{r}] = {s}: not one of the {num_seqs} sequences")
-        if not 0 <= pos < max_blocks * block_size:
-            raise ValueError(f"row_pos[{r}] = {pos}: outside the block table's "
-                             f"{max_blocks * block_size} positions")
-        ids = block_tables[s, :pos // block_size + 1]
-        if bool(((ids < 0) | (ids >= k_pool.shape[0])).any()):
-            raise ValueError(f"block_tables[{s}]: a block id outside 0..{k_pool.shape[0] - 1}")
+    num_blocks, block_size = k_pool.shape[0], k_pool.shape[2]
+    bad = ((row_seq < 0) | (row_seq >= num_seqs)).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"row_seq[{bad[0]}] = {int(row_seq[bad[0]])}: not one of the "
+                         f"{num_seqs} sequences")
+    bad = ((row_pos < 0) | (row_pos >= max_blocks * block_size)).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"row_pos[{bad[0]}] = {int(row_pos[bad[0]])}: outside the block "
+                         f"table's {max_blocks * block_size} positions")
+    ids = block_tables[row_seq.long()]  # [rows, max_blocks]
+    used = torch.arange(max_blocks)[None, :] <= (row_pos.long() // block_size)[:, None]
+    bad = (used & ((ids < 0) | (ids >= num_blocks))).any(1).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"block_tables[{int(row_seq[bad[0]])}]: a block id outside "
+                         f"0..{num_blocks - 1}")
 
 
 def ragged_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                                block_tables: torch.Tensor, row_seq: torch.Tensor,
                                row_pos: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-    """Per row: gather its sequence's keys/values 0..row_pos and attend with one
-    `scaled_dot_product_attention` call, the query heads that share a KV head folded into its
-    rows (head h reads KV head h // (heads / kv_heads)). Shapes as `ragged_attention`."""
+    """Per row, one `scaled_dot_product_attention` call on its sequence's keys/values 0..row_pos
+    (gathered from the blocks once per sequence, read in place per row), the query heads that
+    share a KV head folded into its rows (head h reads KV head h // (heads / kv_heads)): the way
+    a one-token decode step attends. Shapes as `ragged_attention`."""
     _check(q, k_pool, v_pool, block_tables, row_seq, row_pos)
     _check_indices(k_pool, block_tables, row_seq, row_pos)
     rows, heads, hd = q.shape
     kv_heads, block_size = k_pool.shape[1], k_pool.shape[2]
     out = torch.empty_like(q)  # [rows, heads, hd]
-    for r, (s, pos) in enumerate(zip(row_seq.tolist(), row_pos.tolist())):
-        ids = block_tables[s, :pos // block_size + 1].long()
-        keys = k_pool[ids].transpose(0, 1).reshape(1, kv_heads, -1, hd)[:, :, :pos + 1]
-        values = v_pool[ids].transpose(0, 1).reshape(1, kv_heads, -1, hd)[:, :, :pos + 1]
-        grouped = q[r].reshape(1, kv_heads, heads // kv_heads, hd)  # [1, kv, group, hd]
-        attn = F.scaled_dot_product_attention(grouped, keys, values, scale=scale)
-        out[r] = attn.reshape(heads, hd)
+    for s in row_seq.unique().tolist():
+        rows_of = (row_seq == s).nonzero().flatten()  # [T]
+        end = int(row_pos[rows_of].max()) + 1
+        ids = block_tables[s, :(end - 1) // block_size + 1].long()
+        keys = k_pool[ids].transpose(0, 1).reshape(1, kv_heads, -1, hd)  # [1, kv, n, hd]
+        values = v_pool[ids].transpose(0, 1).reshape(1, kv_heads, -1, hd)
+        for r, pos in zip(rows_of.tolist(), row_pos[rows_of].tolist()):
+            grouped = q[r].reshape(1, kv_heads, heads // kv_heads, hd)  # [1, kv, group, hd]
+            attn = F.scaled_dot_product_attention(grouped, keys[:, :, :pos + 1],
+                                                  values[:, :, :pos + 1], scale=scale)
+            out[r] = attn.reshape(heads, hd)
     return out
 
 
@@ -102,8 +112,9 @@ def ragged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
                                           scale)
     q = q.contiguous()
     k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
-    tables = block_tables.to(torch.int32).contiguous()
-    seqs, pos = row_seq.to(torch.int32).contiguous(), row_pos.to(torch.int32).contiguous()
+    tables, seqs, pos = (t if t.dtype == torch.int32 and t.is_contiguous()
+                         else t.to(torch.int32).contiguous()
+                         for t in (block_tables, row_seq, row_pos))
     out = torch.empty_like(q)  # [rows, heads, hd]
     num_blocks, kv_heads, block_size, _ = k_pool.shape
     rc = lib.ragged_attention(

@@ -104,6 +104,15 @@ def test_matches_reference_and_dense_sdpa(heads, kv_heads, hd):
     torch.testing.assert_close(got, dense, atol=ATOL, rtol=RTOL)
 
 
+def test_a_pass_without_rows_returns_an_empty_result():
+    keys, values = make_sequences([5], 2, 16, seed=4)
+    k_pool, v_pool, tables = paged(keys, values, block_size=16, seed=4)
+    none = torch.zeros(0, dtype=torch.int32)
+    for fn in (ragged_attention, ragged_attention_reference):
+        out = fn(torch.zeros(0, 4, 16), k_pool, v_pool, tables, none, none)
+        assert out.shape == (0, 4, 16)
+
+
 def test_explicit_scale_and_large_scores_match_reference():
     """Scores in the hundreds: the softmax subtracts the maximum, nothing overflows."""
     keys, values = make_sequences([300], 2, 64, seed=5)
