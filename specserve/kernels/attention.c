@@ -274,9 +274,10 @@ int ragged_attention(const float *q, int64_t rows, int64_t heads, int64_t kv_hea
             }
             const int64_t np = (nmax + TILE - 1) / TILE * TILE;
             const int32_t *table = block_tables + (int64_t)row_seq[r0] * max_blocks;
-            for (int64_t p = 0; p < nmax; p++)
-                off[p] = (((int64_t)table[p / block_size] * kv_heads + h) * block_size +
-                          p % block_size) * hd;
+            for (int64_t p = 0, b = 0; p < nmax; b++) {
+                const int64_t base = ((int64_t)table[b] * kv_heads + h) * block_size * hd;
+                for (int64_t o = 0; o < block_size && p < nmax; o++, p++) off[p] = base + o * hd;
+            }
             scores(m, G, hd, n, nmax, np, qs, k_pool, off, s, vmax);
             softmax(m, G, n, np, s, vmax, inv);
             values(m, G, hd, n, nmax, np, s, inv, v_pool, off, o);
