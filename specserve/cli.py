@@ -1,9 +1,18 @@
-"""The `specserve` command: download, generate, demo, bench, serve."""
+"""The `specserve` command: download, generate, demo, bench, serve.
+
+Errors: whatever subcommand runs, a failure the user can cause or fix (a bad value, a
+missing file, an unusable or corrupt model cache, a malformed model) prints one line,
+`specserve <cmd>: error: ...`, and exits 2 for bad input (`ValueError`) or 1 for the
+environment (`OSError`, `DownloadError`); Ctrl-C exits 130 quietly. `--debug` (or
+SPECSERVE_DEBUG=1) lets the exception through with its traceback. Any other exception is a
+bug and keeps its traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -52,7 +61,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def speculative_config(args) -> dict | None:
-    config = json.loads(args.speculative_config) if args.speculative_config else None
+    config = _json_object("--speculative-config", args.speculative_config) \
+        if args.speculative_config else None
     if args.draft_model or args.ngram:
         config = dict(config or {}, method="ngram" if args.ngram else "draft_model")
         if args.draft_model:
@@ -76,25 +86,44 @@ def sampling_params(args):
         stop_token_ids=tuple(args.stop_token_ids), ignore_eos=args.ignore_eos)
 
 
+def _json_object(flag: str, text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{flag} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} must be a JSON object, got {text!r}")
+    return value
+
+
+def read_text_file(flag: str, path: str) -> str:
+    """The UTF-8 text of a file named on the command line; ValueError naming the flag."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{flag} {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
+
+
 def read_prompt(args) -> str:
     if args.prompt_file:
-        return Path(args.prompt_file).read_text()
+        return read_text_file("--prompt-file", args.prompt_file)
     if args.prompt is None or args.prompt == "-":
         if sys.stdin.isatty() and args.prompt is None:
-            raise SystemExit("error: give --prompt TEXT, --prompt-file FILE, or pipe the prompt on stdin")
-        return sys.stdin.read()
+            raise ValueError("give --prompt TEXT, --prompt-file FILE, or pipe the prompt on stdin")
+        try:
+            return sys.stdin.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"stdin: not UTF-8 text ({e.reason} at byte {e.start})") from None
     return args.prompt
 
 
 def cmd_download(args) -> int:
-    from specserve.models.registry import DownloadError, download
+    from specserve.models.registry import download
 
-    try:
-        for path in download(args.names or None):
-            print(path)
-    except (DownloadError, ValueError) as e:
-        print(f"specserve download: {e}", file=sys.stderr)
-        return 1
+    for path in download(args.names or None, verify=args.verify):
+        print(path)
     return 0
 
 
@@ -140,7 +169,7 @@ def cmd_demo(args) -> int:
     from specserve.sampling.params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    prompt = Path(args.prompt_file).read_text() if args.prompt_file else DEMO_PROMPT
+    prompt = read_text_file("--prompt-file", args.prompt_file) if args.prompt_file else DEMO_PROMPT
     target = load_model(args.model, args.dtype, args.weights)
     draft = load_model(args.draft_model, args.dtype, args.weights)
     print(f"# target {target.path.name} loaded in {target.load_seconds:.1f}s; "
@@ -161,10 +190,14 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
+    parser = argparse.ArgumentParser(prog="specserve", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("download", help="fetch and verify the default models into the cache")
     p.add_argument("names", nargs="*", help="aliases (default: all)")
+    p.add_argument("--verify", action="store_true",
+                   help="re-hash every cached file (sha256) instead of trusting its stamp")
     p.set_defaults(func=cmd_download)
 
     p = sub.add_parser("generate", help="generate text for one prompt")
@@ -194,12 +227,51 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from specserve.models.registry import DownloadError
+
+    args = argparse.Namespace(command=None, debug=False)
     try:
+        args = _parse(argv)
         return args.func(args)
-    except ValueError as e:
-        print(f"specserve {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        if _debug(args):
+            raise
+        return 130
+    except BrokenPipeError:  # e.g. `specserve generate ... | head -1`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ValueError, OSError, DownloadError, MemoryError) as e:
+        if _debug(args):
+            raise
+        name = f"specserve {args.command}" if args.command else "specserve"
+        print(f"{name}: error: {_one_line(e)}", file=sys.stderr)
+        return 2 if isinstance(e, ValueError) else 1
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """Parse with `--debug` accepted before or after the subcommand."""
+    parser = build_parser()
+    for action in parser._subparsers._group_actions:
+        for sub in action.choices.values():
+            if "--debug" not in sub._option_string_actions:
+                sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                                 help="show tracebacks of errors")
+    return parser.parse_args(argv)
+
+
+def _debug(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "debug", False) or os.environ.get("SPECSERVE_DEBUG"))
+
+
+def _one_line(e: BaseException) -> str:
+    """The error's message on one line; an OSError as `file: reason`."""
+    if isinstance(e, OSError) and e.strerror:
+        text = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    elif isinstance(e, MemoryError):
+        text = f"out of memory {e}".strip()
+    else:
+        text = str(e) or type(e).__name__
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""Architecture hyper-parameters shared by the `llama` and `qwen2` decoders."""
+"""Architecture hyper-parameters shared by the `llama` and `qwen2` decoders.
+
+`ModelConfig` checks every field's type and range, so a malformed `config.json` or GGUF
+header is reported by field name instead of failing deep inside the model's construction.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +30,16 @@ class ModelConfig:
     attention_bias: bool  # qwen2 carries q/k/v biases
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("rope_theta", "rms_norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"architecture {self.architecture!r} is not supported; "

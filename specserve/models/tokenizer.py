@@ -3,6 +3,12 @@
 GGUF files carry a byte-level BPE vocabulary (`tokenizer.ggml.tokens`, `.merges`,
 `.token_type`), the pre-tokenizer's name (`tokenizer.ggml.pre`) and a Jinja chat template;
 Hugging Face directories carry `tokenizer.json` and `tokenizer_config.json`.
+
+Text must be valid Unicode: a lone surrogate (e.g. from `"\\ud800"` or a bad JSON escape) is
+a `ValueError` naming where it is. Chat messages are checked before the template sees them
+(`check_messages`): a role the template knows, content that is a string or OpenAI's list of
+text parts (joined with newlines), no unknown keys; an error the template itself raises
+(e.g. "roles must alternate") comes back as a `ValueError` too.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ _LLAMA3_SPLIT = (
 _SPLITS = {"qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT, "llama3": _LLAMA3_SPLIT,
            "llama-bpe": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT}
 _CONTROL, _USER_DEFINED = 3, 4
+BASE_ROLES = ("system", "user", "assistant")
+MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,16 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def chat_roles(self) -> tuple[str, ...]:
+        """The roles a chat message may take: system, user, assistant, and tool when the
+        template mentions a 'tool' role."""
+        template = self.chat_template or ""
+        knows_tool = "'tool'" in template or '"tool"' in template
+        return BASE_ROLES + (("tool",) if knows_tool else ())
+
     def encode(self, text: str) -> list[int]:
+        check_text("text", text)
         ids = self.backend.encode(text, add_special_tokens=False).ids
         if self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
             ids = [self.bos_token_id] + ids
@@ -57,9 +74,77 @@ class Tokenizer:
                             **extra) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; use generate() with plain prompts")
-        template = _jinja_env().from_string(self.chat_template)
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               **self.special_tokens, **extra)
+        messages = check_messages(messages, self.chat_roles)
+        try:
+            template = _jinja_env().from_string(self.chat_template)
+            return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                   **self.special_tokens, **extra)
+        except jinja2.exceptions.TemplateError as e:
+            raise ValueError(f"messages: the model's chat template refused them: {e}") from None
+
+
+def check_text(field: str, text: object) -> str:
+    """Return `text` if it is a string of valid Unicode; a lone surrogate is a ValueError."""
+    if not isinstance(text, str):
+        raise ValueError(f"{field} must be a string, got {type(text).__name__}")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{field} contains a lone surrogate {text[e.start]!r} at index "
+                             f"{e.start}; text must be valid Unicode") from None
+    return text
+
+
+def check_messages(messages: object, roles: tuple[str, ...]) -> list[dict]:
+    """Validate one conversation; return it with content-part lists joined into strings.
+
+    Each message is a dict with a `role` from `roles` and a `content` that is a string or a
+    list of `{"type": "text", "text": ...}` parts; an assistant message that carries
+    `tool_calls` may have null content.
+    """
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"messages must be a non-empty list of dicts, got {messages!r}")
+    return [_check_message(i, m, roles) for i, m in enumerate(messages)]
+
+
+def _check_message(i: int, message: object, roles: tuple[str, ...]) -> dict:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise ValueError(f"{where} must be a dict with 'role' and 'content', got {message!r}")
+    unknown = [k for k in message if k not in MESSAGE_KEYS]
+    if unknown:
+        raise ValueError(f"{where} has unknown keys {unknown}; known: {list(MESSAGE_KEYS)}")
+    if "role" not in message:
+        raise ValueError(f"{where}.role is missing (one of {', '.join(roles)})")
+    role = message["role"]
+    if not isinstance(role, str) or role not in roles:
+        raise ValueError(f"{where}.role must be one of {', '.join(roles)} for this model's "
+                         f"chat template, got {role!r}")
+    checked = dict(message)
+    content = message.get("content")
+    if content is None and not (role == "assistant" and message.get("tool_calls")):
+        raise ValueError(f"{where}.content is missing (a string or a list of text parts)")
+    if content is not None:
+        checked["content"] = _content_text(f"{where}.content", content)
+    if "name" in message:
+        check_text(f"{where}.name", message["name"])
+    return checked
+
+
+def _content_text(where: str, content: object) -> str:
+    if isinstance(content, str):
+        return check_text(where, content)
+    if not isinstance(content, list) or not content:
+        raise ValueError(f"{where} must be a string or a non-empty list of text parts "
+                         f"({{'type': 'text', 'text': ...}}), got {content!r}")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" or set(part) != {"type", "text"}:
+            raise ValueError(f"{where}[{j}] must be {{'type': 'text', 'text': ...}} (only text "
+                             f"parts are supported), got {part!r}")
+        texts.append(check_text(f"{where}[{j}].text", part["text"]))
+    return "\n".join(texts)
 
 
 def _jinja_env() -> ImmutableSandboxedEnvironment:
@@ -123,9 +208,20 @@ def from_gguf_metadata(meta: dict) -> Tokenizer:
 
 def from_hf_dir(path, eos_from_config: list[int]) -> Tokenizer:
     """Build the tokenizer from `tokenizer.json` + `tokenizer_config.json` in `path`."""
-    backend = HFTokenizer.from_file(str(path / "tokenizer.json"))
+    file = path / "tokenizer.json"
+    if not file.exists():
+        raise ValueError(f"{path}: no tokenizer.json")
+    try:
+        backend = HFTokenizer.from_file(str(file))
+    except Exception as e:  # the tokenizers library raises a bare Exception
+        raise ValueError(f"{file}: cannot load the tokenizer ({e})") from None
     cfg_file = path / "tokenizer_config.json"
-    cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+    try:
+        cfg = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
+    except ValueError as e:
+        raise ValueError(f"{cfg_file}: invalid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_file}: must hold a JSON object")
 
     def text_of(entry) -> str | None:
         return entry.get("content") if isinstance(entry, dict) else entry

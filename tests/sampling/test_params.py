@@ -41,6 +41,9 @@ INVALID = [
     ("seed", 1.5),
     ("seed", True),
     ("seed", "42"),
+    ("seed", 2**63),
+    ("seed", 2**70),
+    ("seed", -(2**63) - 1),
     ("max_tokens", 0),
     ("max_tokens", -1),
     ("max_tokens", 2.0),
@@ -54,6 +57,8 @@ INVALID = [
     ("stop_token_ids", 7),
     ("ignore_eos", "yes"),
     ("ignore_eos", 1),
+    ("ignore_eos", "no"),
+    ("include_stop_str_in_output", 0),
     ("logprobs", -1),
     ("logprobs", 21),
     ("logprobs", 1.0),
@@ -99,6 +104,8 @@ BOUNDARIES = [
     ("presence_penalty", -2.0),
     ("frequency_penalty", 2),
     ("seed", -3),
+    ("seed", 2**63 - 1),
+    ("seed", -(2**63)),
     ("max_tokens", None),
     ("max_tokens", 1),
     ("logprobs", 0),
@@ -117,6 +124,24 @@ def test_int_given_for_float_field_is_stored_as_float():
     params = SamplingParams(temperature=1, top_p=1, tv_budget=0, presence_penalty=2)
     assert isinstance(params.temperature, float) and isinstance(params.top_p, float)
     assert isinstance(params.tv_budget, float) and isinstance(params.presence_penalty, float)
+
+
+def test_every_accepted_seed_seeds_the_engines_generator():
+    """The engine seeds completion i with `seed + i` (torch.Generator.manual_seed): no seed
+    that passes validation may fail there ("Overflow when unpacking long long")."""
+    import torch
+
+    for seed in (-(2**63), -1, 0, 2**63 - 1):
+        params = SamplingParams(seed=seed, n=4)
+        for i in range(params.n):
+            torch.Generator().manual_seed(params.seed + i)
+
+
+def test_numpy_ints_are_stored_as_python_ints():
+    import numpy as np
+
+    params = SamplingParams(n=np.int64(2), seed=np.int64(7), max_tokens=np.int32(5))
+    assert type(params.n) is int and type(params.seed) is int and type(params.max_tokens) is int
 
 
 def test_top_k_zero_is_normalised_to_disabled():
