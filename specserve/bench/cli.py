@@ -11,6 +11,7 @@ from pathlib import Path
 from specserve.bench import peers, report, suites, workloads
 from specserve.bench.runner import Bench, BenchOptions, log, machine_info, summarize
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specserve.sampling.params import SamplingParams
 
 # what each optional part of the benchmark imports, and the extra that brings it
 OPTIONAL = {"plots": (("matplotlib",), "matplotlib"),
@@ -45,6 +46,12 @@ def add_parser(sub) -> None:
                    help="--compare transformers: skip assisted generation (no draft model)")
     p.add_argument("--verify-cost", type=int, default=0, metavar="MAX_K",
                    help="also measure T_verify(k)/T_decode for k = 1..MAX_K on the target")
+    p.add_argument("--concurrency", default=None, metavar="LEVELS",
+                   help="e.g. 1,2,4,8,16: serve that many requests at once per level, target only vs "
+                   "cost-aware speculation with and without --disable-by-batch-size (code_edit and "
+                   "creative unless --workloads says otherwise)")
+    p.add_argument("--disable-by-batch-size", type=int, default=4,
+                   help="--concurrency: the third configuration's disable_by_batch_size")
     p.add_argument("--out", type=Path, default=Path("bench-out"))
     p.set_defaults(func=cmd_bench)
 
@@ -109,9 +116,74 @@ def list_workloads() -> int:
     return 0
 
 
+def concurrency_levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",")]
+    except ValueError:
+        levels = []
+    if not levels or any(n < 1 for n in levels):
+        raise ValueError(f"--concurrency must be a comma-separated list of positive ints, got {text!r}")
+    return levels
+
+
+def cmd_concurrency(args) -> int:
+    """`--concurrency`: see `specserve.bench.concurrency`."""
+    from specserve.bench import concurrency as cc
+    from specserve.llm import LLM
+    from specserve.models.loader import load_model
+
+    levels = concurrency_levels(args.concurrency)
+    names = tuple(args.workloads or ("code_edit", "creative"))
+    texts = list(workloads.resolve(names, prompt_files(args), args.workload_dir).values())
+    configs = cc.default_configs(args.disable_by_batch_size)
+    target = load_model(args.model, args.dtype, args.weights)
+    draft = load_model(args.draft_model, args.dtype, args.weights)
+    log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s) and {draft.path.name} "
+        f"({draft.load_seconds:.1f}s)")
+    bench = Bench(target, draft, BenchOptions(max_tokens=args.max_tokens))
+    longest = max(len(bench.prompt_ids(t)) for t in texts) + 16
+    llms = []
+    for cfg in configs:
+        spec = dict(cfg.spec, model=str(draft.path)) if cfg.spec else None
+        llms.append(LLM(target, draft=draft, speculative_config=spec, max_num_seqs=max(levels),
+                        max_model_len=longest + args.max_tokens + 24))
+        llms[-1].generate(bench.prompt_ids(texts[0])[:32],
+                          SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0))  # warm-up
+    args.out.mkdir(parents=True, exist_ok=True)
+    records, offset = [], 0
+    for level in levels:
+        for rep in range(args.repeats):
+            for cfg, llm in zip(configs, llms):
+                prompts = cc.unique_prompts(bench, texts, level, offset)
+                offset += level
+                rec = {"config": cfg.name, "concurrency": level, "repeat": rep,
+                       **cc.run_level(llm, prompts, args.max_tokens, 0.0)}
+                records.append(rec)
+                log(f"# {cfg.name} x{level} (repeat {rep}): {rec['tokens_per_s']:.1f} tok/s, "
+                    f"p50 latency {rec['p50_latency_s']:.1f}s, p50 TTFT {rec['p50_ttft_s']:.2f}s")
+    rows = cc.summarize_levels(records)
+    machine = machine_info(args.dtype)
+    machine.update(weights=args.weights, target_load_s=target.load_seconds,
+                   draft_load_s=draft.load_seconds)
+    payload = {"suite": "concurrency", "machine": machine, "levels": levels, "workloads": names,
+               "max_tokens": args.max_tokens, "records": records, "summary": rows}
+    (args.out / "concurrency.json").write_text(json.dumps(payload, indent=1, default=str))
+    table = cc.markdown(rows)
+    (args.out / "concurrency.md").write_text(
+        f"# specserve bench --concurrency\n\nMachine: {machine['cpu']}, {machine['cores']} cores, "
+        f"{machine['threads']} threads, weights {args.weights} ({machine['time']}). Workloads "
+        f"{', '.join(names)}, {args.max_tokens} tokens each, greedy, EOS ignored; median of "
+        f"{args.repeats} repeat(s).\n\n{table}\n")
+    print(table)
+    log(f"# wrote {args.out / 'concurrency.json'}, {args.out / 'concurrency.md'}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     if args.list_workloads:
         return list_workloads()
+    if args.concurrency:
+        return cmd_concurrency(args)
     configs = load_configs(args)
     if not configs:
         raise ValueError("no configuration has a workload left to run (check --workloads)")
@@ -164,6 +236,7 @@ def cmd_bench(args) -> int:
     machine["target_load_s"] = target.load_seconds
     machine["draft_load_s"] = draft.load_seconds if draft else None
     machine["verify_cost_s"] = verify
+    machine["memory"] = memory_ceiling(target, rows, options.max_tokens)
     out = report.write_report(args.out, suite, machine, asdict(options), records, rows, peer_rows,
                               plots=not notes)
     print(report.markdown_table(rows))
@@ -172,6 +245,20 @@ def cmd_bench(args) -> int:
         print(report.peer_table(peer_rows))
     log(f"# wrote {', '.join(str(p) for p in out.values())}")
     return 0
+
+
+def memory_ceiling(target, rows: list[dict], max_tokens: int) -> dict:
+    """This machine's read bandwidth and the target's memory-bound decode ceiling; each
+    target-only row gains `fraction_of_ceiling`: its decode rate over the ceiling at its mean
+    context (prompt + half the output)."""
+    from specserve.bench.bandwidth import ceiling, read_bandwidth
+
+    bw = read_bandwidth()
+    for row in rows:
+        if row["config"] == "target only" and row.get("prompt_tokens") is not None:
+            at = ceiling(target.model, bw, row["prompt_tokens"] + max_tokens // 2)
+            row["fraction_of_ceiling"] = row["decode_tokens_per_s"] / at["ceiling_tokens_per_s"]
+    return ceiling(target.model, bw)
 
 
 def _verify_cost(args, target) -> dict | None:

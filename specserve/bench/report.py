@@ -72,6 +72,16 @@ def write_report(out_dir: Path, suite: str, machine: dict, options: dict, record
           "target-only median E2E over this median E2E. NLL = the target's mean negative "
           "log-likelihood per generated token; mean TV = realised TV(π, p) per verified draft "
           "position.", "", markdown_table(rows), ""]
+    if machine.get("memory"):
+        mem = machine["memory"]
+        md += ["## Decode at the memory limit", "",
+               f"Read bandwidth {mem['read_bandwidth_gbs']:.1f} GB/s ({machine['threads']} threads); "
+               f"a target decode step reads {mem['bytes_per_token'] / 1e6:.0f} MB of weights, so "
+               f"{mem['ceiling_tokens_per_s']:.1f} tokens/s is its ceiling before any KV cache read.",
+               ""]
+        md += [f"- target only, {r['workload']}: {r['decode_tokens_per_s']:.1f} tokens/s = "
+               f"{100 * r['fraction_of_ceiling']:.0f}% of the ceiling at its context"
+               for r in rows if r.get("fraction_of_ceiling") is not None] + [""]
     if machine.get("verify_cost_s"):
         from specserve.bench.verify_cost import format_verify_cost
 

@@ -117,7 +117,7 @@ class Bench:
     def _record(self, cfg, workload, seed, rep, ids, out) -> dict:
         spec = out.spec.as_dict() if out.spec else None
         rec = {"config": cfg.name, "temperature": cfg.temperature, "workload": workload,
-               "seed": seed, "repeat": rep, "e2e_s": out.e2e_time, "ttft_s": out.ttft,
+               "seed": seed, "repeat": rep, "prompt_tokens": len(ids), "e2e_s": out.e2e_time, "ttft_s": out.ttft,
                "decode_tokens_per_s": out.decode_tokens_per_s, "output_tokens": out.num_output_tokens,
                "speculative": spec, "distinct_2": distinct_n(out.token_ids, 2),
                "distinct_3": distinct_n(out.token_ids, 3)}
@@ -170,6 +170,7 @@ def _row(key: tuple, rs: list[dict]) -> dict:
         "e2e_q3_s": _quantile(e2e, 0.75), "e2e_min_s": e2e[0], "e2e_max_s": e2e[-1],
         "median_ttft_s": statistics.median(r["ttft_s"] for r in rs),
         "decode_tokens_per_s": statistics.median(r["decode_tokens_per_s"] for r in rs),
+        "prompt_tokens": rs[0].get("prompt_tokens"),
         "acceptance": sum(s["accepted"] for s in specs) / drafted if drafted else None,
         "mean_acceptance_length": (sum(s["emitted"] for s in specs) / sum(s["rounds"] for s in specs)
                                    if specs else None),

@@ -1,0 +1,73 @@
+"""How close decoding runs to the memory limit.
+
+A decode step of one sequence reads every weight once (plus one embedding row and its KV
+cache), so its rate can never beat read bandwidth / bytes read per token. `specserve bench`
+measures this machine's read bandwidth with the threads it runs on and reports each format's
+decode rate as a fraction of that ceiling.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import torch
+
+BANDWIDTH_BYTES = 1 << 30  # read a 1 GiB buffer: far beyond any last-level cache
+
+
+def read_bandwidth(nbytes: int = BANDWIDTH_BYTES, repeats: int = 5) -> float:
+    """Median bytes per second of one full read (a float32 sum) of an `nbytes` buffer, with
+    torch's current thread count."""
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)  # [n] touched once, so it is resident
+    buf.sum()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        buf.sum()
+        times.append(time.perf_counter() - start)
+    return nbytes / statistics.median(times)
+
+
+def _tensor_bytes(obj, seen: set[int]) -> int:
+    """Bytes of every tensor held by `obj` (a tensor, a dataclass of tensors or an object
+    whose attributes are), each storage counted once."""
+    if isinstance(obj, torch.Tensor):
+        key = obj.untyped_storage().data_ptr()
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.numel() * obj.element_size()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return sum(_tensor_bytes(getattr(obj, f.name), seen) for f in dataclasses.fields(obj))
+    if hasattr(obj, "__dict__"):
+        return sum(_tensor_bytes(v, seen) for v in vars(obj).values()
+                   if isinstance(v, torch.Tensor) or dataclasses.is_dataclass(v))
+    return 0
+
+
+def decode_bytes_per_token(model, context: int = 0) -> int:
+    """Bytes one decode step of `model` (a `Transformer`) reads: every projection and the
+    output head, the norms, one embedding row, and the keys and values of `context` cached
+    positions (float32)."""
+    seen: set[int] = set()
+    total = 0
+    for layer in model.layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            total += _tensor_bytes(getattr(layer, name), seen)
+        total += _tensor_bytes(layer.attn_norm, seen) + _tensor_bytes(layer.mlp_norm, seen)
+    total += _tensor_bytes(model.lm_head, seen) + _tensor_bytes(model.norm, seen)
+    embed = model.embed
+    if embed.untyped_storage().data_ptr() not in seen:  # untied: one row of it is read
+        total += embed.shape[1] * embed.element_size()
+    c = model.cfg
+    total += 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4 * context
+    return total
+
+
+def ceiling(model, bandwidth: float, context: int = 0) -> dict:
+    """The memory-bound decode ceiling of `model` on this machine."""
+    per_token = decode_bytes_per_token(model, context)
+    return {"read_bandwidth_gbs": bandwidth / 1e9, "bytes_per_token": per_token,
+            "context": context, "ceiling_tokens_per_s": bandwidth / per_token}

@@ -1,0 +1,97 @@
+"""`specserve bench --concurrency 1,2,4,8,16`: throughput and latency with many requests at once.
+
+For each concurrency level c, every configuration serves c requests submitted together (the
+shipped workloads in turn, each prompt made unique by a numbered first line so no request
+reuses another's cached prefix), `max_tokens` new tokens each with EOS ignored. Levels run in
+order and, within a level, the configurations take turns (round robin over repeats), so a
+shared machine's drift hits each alike. Reported per (configuration, level): total output
+tokens/s (all requests' tokens over the wall time of the batch), p50/p95 per-request latency
+and time to first token, and the number of requests that drafted at all.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from specserve.sampling.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ConcurrencyConfig:
+    name: str
+    spec: dict | None  # speculative_config without "model" (None: target only)
+
+
+def default_configs(disable_by_batch_size: int) -> list[ConcurrencyConfig]:
+    draft = {"method": "draft_model", "num_speculative_tokens": -1}
+    return [ConcurrencyConfig("target only", None),
+            ConcurrencyConfig("cost-aware draft", draft),
+            ConcurrencyConfig(f"cost-aware draft, off at {disable_by_batch_size}",
+                              dict(draft, disable_by_batch_size=disable_by_batch_size))]
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Linear-interpolated quantile of `values` (q in [0, 1])."""
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def unique_prompts(bench, texts: list[str], count: int, offset: int) -> list[list[int]]:
+    """`count` prompts cycling through `texts`, each opened by its own numbered line."""
+    return [bench.prompt_ids(f"(Request {offset + i}.)\n{texts[i % len(texts)]}")
+            for i in range(count)]
+
+
+def run_level(llm, prompts: list[list[int]], max_tokens: int, temperature: float) -> dict:
+    """Serve `prompts` together through one `generate` call; the level's figures."""
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=0)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    wall = time.perf_counter() - start
+    comps = [o.outputs[0] for o in outs]
+    tokens = sum(c.num_output_tokens for c in comps)
+    e2e = [c.e2e_time for c in comps]
+    ttft = [c.ttft for c in comps]
+    drafted = [c.spec.drafted for c in comps if c.spec is not None]
+    return {"requests": len(prompts), "wall_s": wall, "output_tokens": tokens,
+            "tokens_per_s": tokens / wall, "p50_latency_s": quantile(e2e, 0.5),
+            "p95_latency_s": quantile(e2e, 0.95), "p50_ttft_s": quantile(ttft, 0.5),
+            "p95_ttft_s": quantile(ttft, 0.95),
+            "requests_drafting": sum(d > 0 for d in drafted) if drafted else None}
+
+
+def summarize_levels(records: list[dict]) -> list[dict]:
+    """Median over repeats of each (config, level); speedup over target only at that level."""
+    keys = list(dict.fromkeys((r["config"], r["concurrency"]) for r in records))
+    rows = []
+    for config, level in keys:
+        rs = [r for r in records if r["config"] == config and r["concurrency"] == level]
+        row = {"config": config, "concurrency": level, "repeats": len(rs)}
+        for field in ("tokens_per_s", "p50_latency_s", "p95_latency_s", "p50_ttft_s", "p95_ttft_s"):
+            row[field] = statistics.median(r[field] for r in rs)
+        rows.append(row)
+    base = {r["concurrency"]: r["tokens_per_s"] for r in rows if r["config"] == "target only"}
+    single = base.get(1)
+    for r in rows:
+        b = base.get(r["concurrency"])
+        r["vs_target_only"] = r["tokens_per_s"] / b if b else None
+        r["vs_single_target_only"] = r["tokens_per_s"] / single if single else None
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| config | concurrent | total tok/s | vs target only | vs 1 request target only "
+             "| p50 latency s | p95 latency s | p50 TTFT s | p95 TTFT s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['vs_target_only']:.2f}x" if r["vs_target_only"] else "–"
+        single = f"{r['vs_single_target_only']:.2f}x" if r["vs_single_target_only"] else "–"
+        lines.append(f"| {r['config']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {ratio} | "
+                     f"{single} | {r['p50_latency_s']:.1f} | {r['p95_latency_s']:.1f} | "
+                     f"{r['p50_ttft_s']:.2f} | {r['p95_ttft_s']:.2f} |")
+    return "\n".join(lines)
