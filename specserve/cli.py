@@ -223,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specserve.bench.cli import add_parser as add_bench
 
     add_bench(sub)
+    from specserve.server.cli import add_parser as add_serve
+
+    add_serve(sub)
     return parser
 
 

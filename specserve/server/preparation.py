@@ -1,0 +1,116 @@
+"""From an API request body to what the engine takes: prompt token ids, `SamplingParams` and a
+`SpeculationOverride`, one `Job` per prompt. Every check a client can fail happens here, before
+the engine sees anything, and raises an `APIError` (a 4xx with the offending field named)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specserve.engine.outputs import SpeculationOverride
+from specserve.models.tokenizer import Tokenizer
+from specserve.sampling.params import SamplingParams
+from specserve.server.errors import APIError, from_value_error
+from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+
+ROLE_ALIASES = {"developer": "system"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One prompt of an API request, ready for the engine."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    speculation: SpeculationOverride | None
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What a request must fit: the served name, the context length, the vocabulary, and
+    whether the server drafts at all."""
+
+    name: str
+    max_model_len: int
+    vocab_size: int
+    speculative: bool
+
+
+def check_model(requested: str, limits: ModelLimits) -> None:
+    if requested != limits.name:
+        raise APIError(404, f"model {requested!r} does not exist; this server serves {limits.name!r}",
+                       param="model", code="model_not_found")
+
+
+def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLimits) -> list[Job]:
+    check_model(req.model, limits)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
+    messages = [{"role": ROLE_ALIASES.get(m.role, m.role), "content": m.text()} for m in req.messages]
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as e:  # a template may refuse a conversation (e.g. roles out of order)
+        raise APIError(400, f"messages: the chat template refused them: {e}", param="messages") from e
+    ids = tokenizer.encode(text)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    return [_job(req, ids, "messages", max_tokens, param, logprobs, limits)]
+
+
+def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelLimits) -> list[Job]:
+    check_model(req.model, limits)
+    prompts = req.prompt
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    jobs = []
+    for prompt in prompts:
+        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if any(t >= limits.vocab_size for t in ids):
+            raise APIError(400, f"prompt: token ids must be < {limits.vocab_size}", param="prompt")
+        jobs.append(_job(req, ids, "prompt", req.max_tokens, "max_tokens", req.logprobs, limits))
+    return jobs
+
+
+def _job(req: _SamplingFields, ids: list[int], prompt_param: str, max_tokens: int | None,
+         max_param: str, logprobs: int | None, limits: ModelLimits) -> Job:
+    ctx = limits.max_model_len
+    if not ids:
+        raise APIError(400, f"{prompt_param}: the prompt is empty", param=prompt_param)
+    if len(ids) >= ctx:
+        raise APIError(400, f"{prompt_param}: the prompt has {len(ids)} tokens; this model's context "
+                       f"is {ctx} tokens, with room for at least one new token needed",
+                       param=prompt_param, code="context_length_exceeded")
+    if max_tokens is None:
+        max_tokens = ctx - len(ids)
+    elif len(ids) + max_tokens > ctx:
+        raise APIError(400, f"{max_param}: {max_tokens} new tokens do not fit: the prompt has "
+                       f"{len(ids)} tokens and this model's context is {ctx} tokens (at most "
+                       f"{ctx - len(ids)} new tokens)", param=max_param, code="context_length_exceeded")
+    try:
+        params = SamplingParams(
+            n=req.n, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, min_p=req.min_p,
+            repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty, seed=req.seed, max_tokens=max_tokens,
+            stop=req.stop, stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
+            logprobs=logprobs)
+    except ValueError as e:
+        raise from_value_error(e) from e
+    return Job(ids, params, speculation_override(req, limits))
+
+
+def speculation_override(req: _SamplingFields, limits: ModelLimits) -> SpeculationOverride | None:
+    """`speculative: false` → off; an object → its settings; omitted → the server's."""
+    spec = req.speculative
+    if spec is None:
+        return None
+    if spec is False or (not isinstance(spec, bool) and not spec.enabled):
+        return SpeculationOverride(enabled=False)
+    if not limits.speculative:
+        raise APIError(400, "speculative: this server runs without speculative decoding (started "
+                       "with --no-speculation or without a draft)", param="speculative")
+    if spec is True:
+        return SpeculationOverride()
+    try:
+        return SpeculationOverride(True, spec.num_speculative_tokens, spec.tv_budget)
+    except ValueError as e:
+        raise APIError(400, str(e), param="speculative") from e
