@@ -16,7 +16,8 @@ from specserve.sampling.params import SamplingParams
 # what each optional part of the benchmark imports, and the extra that brings it
 OPTIONAL = {"plots": (("matplotlib",), "matplotlib"),
             "transformers": (("transformers", "accelerate"), "transformers accelerate"),
-            "llama.cpp": (("llama_cpp",), "llama-cpp-python")}
+            "llama.cpp": (("llama_cpp",), "llama-cpp-python"),
+            "openvino": (("openvino_genai",), "openvino-genai")}
 
 
 def add_parser(sub) -> None:
@@ -41,7 +42,7 @@ def add_parser(sub) -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--no-bonus-rows", action="store_true", help="seed-table: skip the no-bonus rows")
     p.add_argument("--no-quality", action="store_true", help="skip NLL scoring")
-    p.add_argument("--compare", action="append", default=[], choices=["transformers", "llama.cpp"])
+    p.add_argument("--compare", action="append", default=[], choices=["transformers", "llama.cpp", "openvino"])
     p.add_argument("--no-assisted", action="store_true",
                    help="--compare transformers: skip assisted generation (no draft model)")
     p.add_argument("--verify-cost", type=int, default=0, metavar="MAX_K",
@@ -285,6 +286,8 @@ def _peers(args, target, draft, bench, prompts, configs, options) -> list[dict]:
         "llama.cpp": lambda: peers.run_llama_cpp(
             target.path, ids, options.max_tokens, options.repeats, torch.get_num_threads(),
             target.tokenizer.eos_token_ids),
+        "openvino": lambda: peers.run_openvino(
+            target.path, ids, options.max_tokens, options.repeats, torch.get_num_threads()),
     }
     rows = []
     for name in dict.fromkeys(args.compare):

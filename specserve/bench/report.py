@@ -39,14 +39,18 @@ def peer_table(rows: list[dict]) -> str:
     if not rows:
         return ""
     head = ("| engine | config | T | workload | load s | TTFT s | decode tok/s | E2E median s "
-            "| ours/theirs (decode) |")
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+            "| compared with ours | ours/theirs (decode) | our TTFT / theirs | E2E speedup (theirs/ours) |")
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(r: dict, key: str) -> str:
+        return "—" if r.get(key) is None else f"{r[key]:.2f}x"
+
     for r in rows:
-        ratio = r.get("ours_over_theirs")
         lines.append(f"| {r['engine']} | {r['config']} | {r['temperature']:g} | {r['workload']} | "
                      f"{r.get('load_s') or 0:.1f} | {r['ttft_s']:.2f} | "
                      f"{r['decode_tokens_per_s']:.2f} | {r['median_e2e_s']:.2f} | "
-                     f"{'—' if ratio is None else f'{ratio:.2f}x'} |")
+                     f"{r.get('matched') or '—'} | {ratio(r, 'ours_over_theirs')} | {ratio(r, 'ttft_ours_over_theirs')} | "
+                     f"{ratio(r, 'e2e_speedup')} |")
     return "\n".join(lines)
 
 
