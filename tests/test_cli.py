@@ -57,6 +57,13 @@ def test_demo_runs_target_only_and_speculative(model_dir, capsys):
     assert "target-only" in out and "speedup" in out and "identical" in out
 
 
+def test_undecodable_prompt_argument_is_one_line_error(model_dir, capsys):
+    """Bytes that are not UTF-8 in argv arrive as lone surrogates (surrogateescape)."""
+    rc = main(["generate", "--model", model_dir, "--dtype", "float32", "--prompt", "the \udcff cat"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "specserve generate: error: prompt contains a lone surrogate" in err
+
+
 def test_bad_value_is_reported_with_the_field(model_dir, capsys):
     rc = main(["generate", "--model", model_dir, "--dtype", "float32", "--prompt", "x", "--top-p", "0"])
     assert rc == 2

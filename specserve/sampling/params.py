@@ -127,6 +127,9 @@ class SamplingParams:
         for entry in stop:
             if not isinstance(entry, str) or not entry:
                 raise ValueError(f"stop entries must be non-empty strings, got {entry!r}")
+            if not entry.isascii() and any("\ud800" <= c <= "\udfff" for c in entry):
+                raise ValueError(f"stop entries must be valid Unicode (no lone surrogates), "
+                                 f"got {entry!r}")
         self._set("stop", stop)
         stop_token_ids = _as_tuple("stop_token_ids", self.stop_token_ids)
         for token in stop_token_ids:

@@ -51,6 +51,7 @@ INVALID = [
     ("stop", ["ok", ""]),
     ("stop", [1]),
     ("stop", 5),
+    ("stop", ["ok", "a\ud800"]),
     ("stop_token_ids", [-1]),
     ("stop_token_ids", [1.5]),
     ("stop_token_ids", [True]),
