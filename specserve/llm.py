@@ -1,10 +1,17 @@
-"""The Python API: `LLM(model=..., speculative_config=...)`, `generate`, `chat`."""
+"""The Python API: `LLM(model=..., speculative_config=...)`, `generate`, `chat`.
+
+A call is all or nothing: every input is validated before anything is queued, and an
+exception or interrupt inside a call aborts exactly that call's requests, leaving the object
+ready for the next call. Calls from several threads on one `LLM` are serialized (one runs at a
+time, each gets its own results); for concurrent serving use `AsyncEngine.from_llm`.
+"""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-from typing import Iterable
 
+from specserve.engine.calibration import calibrate
 from specserve.engine.engine import EngineConfig, LLMEngine
 from specserve.engine.outputs import RequestOutput
 from specserve.engine.runner import ModelRunner
@@ -37,7 +44,8 @@ class LLM:
         self.engine = LLMEngine(runner, self.target.tokenizer, config, self.spec, drafter)
         if self.spec is not None and self.spec.policy_name == "cost_aware" \
                 and self.spec.num_speculative_tokens != 0:
-            self.engine.calibrate()
+            calibrate(self.engine)
+        self._lock = threading.Lock()  # one generate/chat call drives the engine at a time
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -55,21 +63,11 @@ class LLM:
         return DraftModelDrafter(runner, self.target.config.vocab_size)
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompts: str | list[str] | list[list[int]],
+    def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None
                  ) -> list[RequestOutput]:
         """Generate for each prompt (text, or token ids); outputs come back in prompt order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        params = sampling_params if sampling_params is not None else SamplingParams()
-        params = params if isinstance(params, list) else [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError("sampling_params must be one SamplingParams or one per prompt")
-        ids = []
-        for prompt, p in zip(prompts, params):
-            text = prompt if isinstance(prompt, str) else None
-            ids.append(self.engine.add_request(self._encode(prompt), p, prompt=text))
-        return self._run(ids)
+        return self._generate(self._prepare(prompts, sampling_params))
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -77,18 +75,62 @@ class LLM:
         """Apply the model's chat template to one conversation (or a list of them) and generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt) for c in conversations]
-        return self.generate(prompts, sampling_params)
+        return self._generate(self._prepare(prompts, sampling_params))
+
+    def _prepare(self, prompts, sampling_params) -> list[tuple[list[int], SamplingParams, str | None]]:
+        """Check, encode and validate every prompt of a call; raises before anything is queued."""
+        batch = [prompts] if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)) else prompts
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        params = params if isinstance(params, list) else [params] * len(batch)
+        if len(params) != len(batch):
+            raise ValueError("sampling_params must be one SamplingParams or one per prompt")
+        requests = []
+        for i, (prompt, p) in enumerate(zip(batch, params)):
+            ids = self._encode(prompt)
+            try:
+                self.engine.check_request(ids, p)
+            except ValueError as e:
+                raise ValueError(f"prompts[{i}]: {e}") from None
+            requests.append((ids, p, prompt if isinstance(prompt, str) else None))
+        return requests
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
-    def _run(self, request_ids: Iterable[str]) -> list[RequestOutput]:
-        wanted = list(request_ids)
-        done: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished() and len(done) < len(wanted):
-            for out in self.engine.step():
-                done[out.request_id] = out
-        return [done[r] for r in wanted]
+    def _generate(self, requests: list[tuple[list[int], SamplingParams, str | None]]
+                  ) -> list[RequestOutput]:
+        """Queue the call's requests and step the engine until all of them finished, keeping
+        only their own outputs. On any exception or interrupt, abort the ones still running."""
+        with self._lock:
+            ids: list[str] = []
+            done: dict[str, RequestOutput] = {}
+            try:
+                for prompt_ids, params, text in requests:
+                    ids.append(self.engine.add_request(prompt_ids, params, prompt=text))
+                wanted = set(ids)
+                while len(done) < len(ids):
+                    if not self.engine.has_unfinished():
+                        raise RuntimeError("the engine went idle with requests unfinished")
+                    for delta in self.engine.step():
+                        if delta.finished and delta.request_id in wanted:
+                            if delta.error is not None:
+                                raise delta.error
+                            done[delta.request_id] = delta.output
+            except BaseException:
+                self._abort([r for r in ids if r not in done])
+                raise
+            return [done[r] for r in ids]
+
+    def _abort(self, request_ids: list[str]) -> None:
+        """Abort requests and step until the engine has let go of them."""
+        for rid in request_ids:
+            self.engine.abort_request(rid)
+        try:
+            while any(self.engine.has_request(r) for r in request_ids):
+                self.engine.step()
+        except Exception:  # noqa: BLE001 - the caller re-raises the original failure
+            pass
 
     def metrics(self) -> dict:
         return self.engine.metrics.as_dict()

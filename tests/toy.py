@@ -129,5 +129,5 @@ def toy_engine(P, Q, k: int, budget: float = 0.0, bonus: bool = True, max_num_se
 def run_all(engine) -> list:
     outs = []
     while engine.has_unfinished():
-        outs += engine.step()
+        outs += [delta.output for delta in engine.step() if delta.finished]
     return outs

@@ -10,22 +10,23 @@ from __future__ import annotations
 
 import itertools
 import random
+import threading
 import time
-from contextlib import nullcontext
+from collections import deque
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
-from specserve.engine.outputs import CompletionOutput, RequestOutput
-from specserve.engine.runner import ModelRunner, median_round_robin
+from specserve.engine.output_processor import FINISH_ABORT, OutputProcessor
+from specserve.engine.outputs import RequestDelta, SpeculationOverride, TokenOrigin
+from specserve.engine.runner import ModelRunner
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.sequence import Sequence, Status
 from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.params import SamplingParams
 from specserve.sampling.processors import processed_probs
 from specserve.sampling.rejection import VerifyResult, verify, verify_greedy
-from specserve.sampling.stop import StopChecker, finish_reason_for_token
+from specserve.sampling.stop import StopChecker
 from specserve.speculative.config import SpeculativeConfig
 from specserve.speculative.drafter import EMPTY, Drafter, Proposal
 from specserve.speculative.metrics import EngineMetrics
@@ -44,11 +45,16 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
 
-@dataclass
-class _Request:
-    prompt: str | None
+@dataclass(frozen=True, slots=True)
+class _Add:
+    """A validated request waiting in the inbox for the next step."""
+
+    request_id: str
     prompt_ids: list[int]
-    seqs: list[Sequence]
+    params: SamplingParams
+    prompt: str | None
+    speculation: SpeculationOverride | None
+    arrival: float
 
 
 class LLMEngine:
@@ -60,49 +66,105 @@ class LLMEngine:
         self.cost = cost if cost is not None else CostModel()
         self.scheduler = Scheduler(config.max_num_seqs)
         self.metrics = EngineMetrics()
-        self._requests: dict[str, _Request] = {}
+        self.output = OutputProcessor(tokenizer, config.max_model_len, drafter is not None)
+        self.num_aborted = 0
         self._ids = itertools.count()
         self._seeds = random.Random()
-
-    def calibrate(self, prefix_len: int = 32, repeats: int = 3) -> dict:
-        """Seed the cost model from timed passes, so a cost-aware policy's first rounds
-        already know this machine: target passes over k + 1 rows for k = 0..cap, and one draft
-        model step (a drafter without a model drafts for free). The calibration fixes the
-        shape of cost against k for the engine's life, so it is taken with care: every pass is
-        timed `repeats` times, all of them in turn round after round (drift hits each alike),
-        and the median kept. Needs a free slot in each cache; returns what it measured."""
-        spec = self.spec
-        cap = spec.max_k if spec.num_speculative_tokens == -1 else spec.num_speculative_tokens
-        draft_runner = getattr(self.drafter, "runner", None)
-        with self.runner.pass_timer(prefix_len) as time_target, \
-                (draft_runner.pass_timer(prefix_len) if draft_runner else nullcontext()) as time_draft:
-            timers = {k: partial(time_target, k) for k in range(cap + 1)}
-            if time_draft is not None:
-                timers["draft"] = partial(time_draft, 0)
-            medians = median_round_robin(timers, repeats)
-        draft_step = medians.pop("draft", 0.0)
-        self.cost.seed(draft_step, medians)
-        return {"draft_step_s": draft_step, "verify_s": medians}
+        # add_request / abort_request may come from any thread: they go through an inbox that
+        # the step drains under `_step_lock` (at once when no step is running)
+        self._step_lock = threading.Lock()
+        self._inbox: deque[_Add | str] = deque()  # an _Add, or the id of a request to abort
+        self._live: set[str] = set()  # ids added and not yet reported finished
+        self._live_lock = threading.Lock()
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
-                    request_id: str | None = None, prompt: str | None = None) -> str:
+                    request_id: str | None = None, prompt: str | None = None,
+                    speculation: SpeculationOverride | None = None) -> str:
+        """Queue a request (from any thread); returns its id. Invalid input raises ValueError
+        here, before anything is queued."""
+        self.check_request(prompt_ids, params, speculation)
+        arrival = time.perf_counter()
+        with self._live_lock:
+            request_id = request_id if request_id is not None else str(next(self._ids))
+            if request_id in self._live:
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            self._live.add(request_id)
+        self._inbox.append(_Add(request_id, list(prompt_ids), params, prompt, speculation, arrival))
+        self._drain_if_idle()
+        return request_id
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams,
+                      speculation: SpeculationOverride | None = None) -> None:
+        """Raise ValueError (naming the field) if the request cannot be served; touches nothing."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if speculation is not None and not isinstance(speculation, SpeculationOverride):
+            raise ValueError("speculation must be a SpeculationOverride, got "
+                             f"{type(speculation).__name__}")
         if not prompt_ids:
             raise ValueError("prompt must contain at least one token")
         if len(prompt_ids) >= self.config.max_model_len:
             raise ValueError(f"prompt has {len(prompt_ids)} tokens; max_model_len is "
                              f"{self.config.max_model_len} (room for at least one new token needed)")
         vocab = self.runner.model.cfg.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self._requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        seqs = [self._new_sequence(request_id, i, prompt_ids, params) for i in range(params.n)]
-        self._requests[request_id] = _Request(prompt, list(prompt_ids), seqs)
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
+               for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be ints in [0, {vocab})")
+
+    def abort_request(self, request_id: str) -> None:
+        """Finish a request with "abort" and free its memory, from any thread at any moment
+        (at once when no step is running, else at the start of the next step). Its final
+        delta comes from the next `step()`. Unknown or finished ids are ignored."""
+        self._inbox.append(request_id)
+        self._drain_if_idle()
+
+    def has_request(self, request_id: str) -> bool:
+        """True from `add_request` until the request's final delta has been handed out."""
+        with self._live_lock:
+            return request_id in self._live
+
+    def request_ids(self) -> list[str]:
+        """The requests added and not yet reported finished."""
+        with self._live_lock:
+            return list(self._live)
+
+    def _drain_if_idle(self) -> None:
+        if self._step_lock.acquire(blocking=False):
+            try:
+                self._drain_inbox()
+            finally:
+                self._step_lock.release()
+
+    def _drain_inbox(self) -> None:
+        """Apply queued adds and aborts in order (caller holds `_step_lock`)."""
+        while self._inbox:
+            item = self._inbox.popleft()
+            if isinstance(item, str):
+                self._abort(item)
+                continue
+            seqs = [self._new_sequence(item.request_id, i, item.prompt_ids, item.params)
+                    for i in range(item.params.n)]
+            for seq in seqs:
+                seq.arrival = item.arrival
+                seq.speculation = item.speculation
+                if item.speculation is not None and item.speculation.tv_budget is not None:
+                    seq.tv_budget = item.speculation.tv_budget
+            self.output.add(item.request_id, item.prompt, item.prompt_ids, seqs, item.arrival)
+            for seq in seqs:
+                self.scheduler.add(seq)
+
+    def _abort(self, request_id: str) -> None:
+        seqs = [s for s in self.output.sequences(request_id) if not s.finished]
+        if not seqs:
+            return
+        self.num_aborted += 1
         for seq in seqs:
-            self.scheduler.add(seq)
-        return request_id
+            self._finish(seq, FINISH_ABORT)
+            if seq in self.scheduler.waiting:
+                self.scheduler.waiting.remove(seq)
+                self._release([seq])
+        self._release(self.scheduler.retire())
 
     def _new_sequence(self, request_id: str, index: int, prompt_ids: list[int],
                       params: SamplingParams) -> Sequence:
@@ -121,18 +183,37 @@ class LLMEngine:
                            max_k=self.spec.max_k)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        """Work left: queued adds or aborts, sequences to run, or deltas not yet handed out."""
+        return bool(self._inbox) or self.scheduler.has_unfinished() or self.output.has_pending()
 
     # ------------------------------------------------------------------ the step
-    def step(self) -> list[RequestOutput]:
-        """One engine step; returns the requests that finished in it."""
+    def step(self) -> list[RequestDelta]:
+        """One engine step; returns a delta for every request that advanced or finished in it.
+        An exception inside the step fails the requests that were running (their final deltas
+        carry the error) and leaves the engine usable."""
+        with self._step_lock:
+            self._drain_inbox()
+            start = time.perf_counter()
+            try:
+                self._run_step()
+            except Exception as error:  # noqa: BLE001 - handed to the failed requests
+                self._fail_running(error)
+            self.output.mark_scheduled(self.scheduler.running, start)
+            return self._collect(self.scheduler.retire())
+
+    def _run_step(self) -> None:
         ongoing = list(self.scheduler.running)
         admitted = self.scheduler.admit(self.runner.cache.num_free_slots)
         if admitted:
             self._prefill(admitted)
         if ongoing:
             self._round(ongoing)
-        return self._collect(self.scheduler.retire())
+
+    def _fail_running(self, error: Exception) -> None:
+        for seq in self.scheduler.running:
+            if not seq.finished:
+                self.output.fail(seq.request_id, error)
+                self._finish(seq, FINISH_ABORT)
 
     def _prefill(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
@@ -141,7 +222,7 @@ class LLMEngine:
                                      [s.slot for s in seqs], [1] * len(seqs))
         for seq, lg in zip(seqs, logits):
             seq.num_cached = seq.prompt_len
-            self._append(seq, self._sample_round(seq, EMPTY, lg).tokens, lg)
+            self._append(seq, self._sample_round(seq, EMPTY, lg).tokens, lg)  # k = 0: plain
             if self.drafter is not None and not seq.finished:
                 self.drafter.start(seq)
             seq.first_token_time = time.perf_counter()
@@ -200,7 +281,7 @@ class LLMEngine:
     def _commit(self, seq: Sequence, prop: Proposal, res: VerifyResult, logits: torch.Tensor,
                 draft_time: float, verify_time: float) -> None:
         old_len = len(seq.token_ids)
-        self._append(seq, res.tokens, logits)
+        self._append(seq, res.tokens, logits, prop.k, res.num_accepted)
         seq.num_cached = len(seq.token_ids) - 1  # stale draft positions are simply not counted
         if self.drafter is not None:
             self.drafter.commit(seq, res.num_accepted, old_len)
@@ -212,70 +293,41 @@ class LLMEngine:
         self.metrics.window.record(prop.k, res.num_accepted)
 
     # ------------------------------------------------------------------ tokens and stops
-    def _append(self, seq: Sequence, tokens: list[int], logits: torch.Tensor) -> None:
-        """Add the round's tokens one by one, stopping at the first that ends the sequence
-        (EOS, a stop token or string, max_tokens, the context limit); the rest are dropped."""
-        check_strings = bool(seq.params.stop)
-        for i, token in enumerate(tokens):
-            seq.token_ids.append(token)
-            if seq.params.logprobs is not None:
-                seq.logprobs.append(_logprobs(logits[i], token, seq.params.logprobs))
-            reason = finish_reason_for_token(token, seq.params, self.tokenizer.eos_token_ids)
-            if check_strings and self._stop_string(seq):
-                reason = "stop"
-            if reason is None and (seq.tokens_left() <= 0
-                                   or len(seq.token_ids) >= self.config.max_model_len):
-                reason = "length"
-            if reason is not None:
-                self._finish(seq, reason)
-                break
-        if not check_strings:
-            seq.text = self.tokenizer.decode(seq.output_ids)
-
-    def _stop_string(self, seq: Sequence) -> bool:
-        previous = seq.text
-        seq.text = self.tokenizer.decode(seq.output_ids)
-        cut = seq.stop_checker.check(seq.text, len(previous))
-        if cut is None:
-            return False
-        seq.text = seq.text[:cut]
-        return True
+    def _append(self, seq: Sequence, tokens: list[int], logits: torch.Tensor, k: int = 0,
+                num_accepted: int = 0) -> None:
+        """Add a round's tokens (`k` drafts, `num_accepted` of them kept; `logits` row i scored
+        token i). The output processor keeps them up to the first that ends the sequence (EOS,
+        a stop token or string, max_tokens, the context limit); the rest are dropped."""
+        origins = TokenOrigin.of_round(len(tokens), k, num_accepted)
+        kept, reason = self.output.process(seq, tokens, logits, origins)
+        seq.token_ids += tokens[:kept]
+        if reason is not None:
+            self._finish(seq, reason)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         seq.finish_time = time.perf_counter()
+        self.output.finish(seq, reason)
 
     # ------------------------------------------------------------------ outputs
-    def _collect(self, finished: list[Sequence]) -> list[RequestOutput]:
+    def _collect(self, finished: list[Sequence]) -> list[RequestDelta]:
+        """Free what finished sequences hold; the step's deltas."""
+        self._release(finished)
+        deltas = self.output.deltas()
+        with self._live_lock:
+            self._live.difference_update(d.request_id for d in deltas if d.finished)
+        return deltas
+
+    def _release(self, finished: list[Sequence]) -> None:
         for seq in finished:
-            self.runner.cache.release(seq.slot)
-            if self.drafter is not None:
-                self.drafter.finish(seq)
+            self._free(seq)
             self.metrics.total.merge(seq.metrics)
-        done = {s.request_id for s in finished}
-        outputs = []
-        for rid, req in list(self._requests.items()):  # arrival order
-            if rid in done and all(s.finished for s in req.seqs):
-                outputs.append(self._request_output(rid, req))
-                del self._requests[rid]
-        return outputs
 
-    def _request_output(self, rid: str, req: _Request) -> RequestOutput:
-        spec_on = self.drafter is not None
-        outs = [CompletionOutput(
-            index=s.index, text=s.text, token_ids=s.output_ids, finish_reason=s.finish_reason,
-            num_output_tokens=s.num_output, ttft=s.first_token_time - s.arrival,
-            decode_time=s.finish_time - s.first_token_time, e2e_time=s.finish_time - s.arrival,
-            spec=s.metrics if spec_on else None,
-            logprobs=s.logprobs if s.params.logprobs is not None else None) for s in req.seqs]
-        return RequestOutput(rid, req.prompt, req.prompt_ids, outs, finished=True)
-
-
-def _logprobs(logits_row: torch.Tensor, token: int, top: int) -> dict[int, float]:
-    logp = torch.log_softmax(logits_row.float(), dim=-1)  # [vocab]
-    out = {token: float(logp[token])}
-    if top:
-        values, ids = logp.topk(top)
-        out.update({int(i): float(v) for i, v in zip(ids, values)})
-    return out
+    def _free(self, seq: Sequence) -> None:
+        """Give back the memory a sequence holds (target cache and drafter state)."""
+        if seq.slot >= 0:
+            self.runner.cache.release(seq.slot)
+            seq.slot = -1
+        if self.drafter is not None:
+            self.drafter.finish(seq)

@@ -1,0 +1,219 @@
+"""The engine on a background thread, for servers: requests in and deltas out at any time.
+
+A thread runs `LLMEngine.step()` while there is work and sleeps on a condition otherwise.
+`add` and `abort` may be called from any thread (they go through the engine's inbox);
+`stream` is an async iterator of one request's `RequestDelta`s for asyncio code, fed with
+`loop.call_soon_threadsafe`. Leaving the iterator early (the client went away) aborts the
+request and frees its memory. An exception inside a step fails only the requests that were
+running in it (their streams raise `EngineError`); the engine keeps serving the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, AsyncIterator, Callable
+
+from specserve.engine.engine import LLMEngine
+from specserve.engine.outputs import EngineStats, RequestDelta, SpeculationOverride
+from specserve.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from specserve.llm import LLM
+
+log = logging.getLogger(__name__)
+
+DeltaCallback = Callable[[RequestDelta], None]
+
+
+class EngineError(RuntimeError):
+    """A request failed inside the engine (the cause is chained)."""
+
+
+class EngineClosed(RuntimeError):
+    """The engine is shutting down and takes no new requests."""
+
+
+class AsyncEngine:
+    """Runs an LLMEngine's steps on a background thread; add/abort from any thread or asyncio.
+
+    E.g. `engine = AsyncEngine.from_llm(LLM(...))`, then in a coroutine
+    `async for delta in engine.stream("Hello", SamplingParams(max_tokens=32)): ...`.
+    While an AsyncEngine runs an LLM's engine, use the AsyncEngine, not `LLM.generate`."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._callbacks: dict[str, DeltaCallback] = {}
+        self._lock = threading.Lock()  # guards _callbacks
+        self._wake = threading.Condition()  # work arrived / a step ended
+        self._closing = False  # no new requests
+        self._stopping = False  # the thread exits once idle
+        self._stats = engine_stats(engine)
+        self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_llm(cls, llm: "LLM") -> "AsyncEngine":
+        return cls(llm.engine)
+
+    # ------------------------------------------------------------------ requests
+    def add(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+            speculation: SpeculationOverride | None = None,
+            on_delta: DeltaCallback | None = None) -> str:
+        """Queue a request from any thread; `on_delta` is called on the engine thread with each
+        of its deltas. Invalid input raises ValueError naming the field."""
+        if self._closing:
+            raise EngineClosed("the engine is shutting down")
+        prompt_ids = self._encode(prompt)
+        self.engine.check_request(prompt_ids, params, speculation)
+        request_id = request_id if request_id is not None else uuid.uuid4().hex
+        with self._lock:
+            if request_id in self._callbacks or self.engine.has_request(request_id):
+                raise ValueError(f"request_id {request_id!r} is already in use")
+            if on_delta is not None:
+                self._callbacks[request_id] = on_delta
+        try:
+            self.engine.add_request(prompt_ids, params, request_id,
+                                    prompt if isinstance(prompt, str) else None, speculation)
+        except BaseException:
+            with self._lock:
+                self._callbacks.pop(request_id, None)
+            raise
+        self._notify()
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Finish a request with "abort" and free its memory (any thread, any moment)."""
+        self.engine.abort_request(request_id)
+        self._notify()
+
+    async def stream(self, prompt: str | list[int], params: SamplingParams,
+                     request_id: str | None = None,
+                     speculation: SpeculationOverride | None = None
+                     ) -> AsyncIterator[RequestDelta]:
+        """Add a request and yield its deltas until it finishes. Validates on the first
+        iteration (ValueError naming the field); leaving early aborts the request."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[RequestDelta] = asyncio.Queue()
+
+        def deliver(delta: RequestDelta) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, delta)
+            except RuntimeError:  # the loop is closed: nobody listens any more
+                self.engine.abort_request(delta.request_id)
+
+        rid = self.add(prompt, params, request_id, speculation, on_delta=deliver)
+        finished = False
+        try:
+            while not finished:
+                delta = await queue.get()
+                finished = delta.finished
+                if delta.error is not None:
+                    raise EngineError(f"request {rid} failed in the engine: "
+                                      f"{delta.error!r}") from delta.error
+                yield delta
+        finally:
+            with self._lock:
+                self._callbacks.pop(rid, None)
+            if not finished:
+                self.abort(rid)
+
+    # ------------------------------------------------------------------ state
+    def stats(self) -> EngineStats:
+        """The engine's state after its last step (running, waiting, KV use, speculation)."""
+        return self._stats
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Take no new requests; let the ones in flight finish for up to `timeout` seconds
+        (None: as long as they need), then abort the rest ("abort") and stop the thread."""
+        self._closing = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._wake:
+            while self.engine.has_unfinished() and self._thread.is_alive():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._wake.wait(left)
+        for rid in self.engine.request_ids():
+            self.engine.abort_request(rid)
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        self._thread.join()
+
+    # ------------------------------------------------------------------ the thread
+    def _notify(self) -> None:
+        with self._wake:
+            self._wake.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self.engine.has_unfinished() and not self._stopping:
+                    self._wake.wait()
+                if self._stopping and not self.engine.has_unfinished():
+                    return
+            try:
+                deltas = self.engine.step()
+            except Exception as error:  # noqa: BLE001 - the engine's own failures are in deltas
+                log.exception("engine step failed outside the requests")
+                deltas = self._fail_everything(error)
+            self._stats = engine_stats(self.engine)
+            for delta in deltas:
+                self._deliver(delta)
+            with self._wake:
+                self._wake.notify_all()
+
+    def _deliver(self, delta: RequestDelta) -> None:
+        with self._lock:
+            callback = self._callbacks.get(delta.request_id)
+            if delta.finished:
+                self._callbacks.pop(delta.request_id, None)
+        if callback is not None:
+            try:
+                callback(delta)
+            except Exception:  # noqa: BLE001 - one listener must not stop the engine
+                log.exception("delta callback for request %s failed", delta.request_id)
+
+    def _fail_everything(self, error: Exception) -> list[RequestDelta]:
+        """A failure the step could not pin on its requests: end every request with it."""
+        with self._lock:
+            rids = list(self._callbacks)
+        for rid in self.engine.request_ids():
+            self.engine.abort_request(rid)
+        return [RequestDelta(rid, [], True, None, error) for rid in rids]
+
+    def _encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            try:
+                return self.engine.tokenizer.encode(prompt)
+            except Exception as e:  # noqa: BLE001 - e.g. a lone surrogate
+                raise ValueError(f"prompt cannot be tokenized: {e}") from None
+        if not isinstance(prompt, list):
+            raise ValueError(f"prompt must be a str or a list of int token ids, "
+                             f"got {type(prompt).__name__}")
+        return prompt
+
+
+def engine_stats(engine: LLMEngine) -> EngineStats:
+    """A snapshot of `engine` (read between steps, on the engine thread)."""
+    scheduler = engine.scheduler
+    blocks = getattr(scheduler, "blocks", None)
+    if blocks is not None:
+        used, total = blocks.num_used, blocks.num_blocks
+    else:  # one fixed slot per sequence
+        total = scheduler.max_num_seqs
+        used = total - engine.runner.cache.num_free_slots
+    window = engine.metrics.window
+    return EngineStats(
+        running=len(scheduler.running), waiting=len(scheduler.waiting),
+        kv_usage=used / total if total else 0.0, kv_blocks_used=used, kv_blocks_total=total,
+        preemptions=getattr(scheduler, "num_preemptions", 0), aborted=engine.num_aborted,
+        prefix_cache_hit_tokens=getattr(scheduler, "prefix_cache_hit_tokens", 0),
+        prompt_tokens_computed=getattr(scheduler, "prompt_tokens_computed", 0),
+        spec=copy.deepcopy(engine.metrics.total), rolling_acceptance=window.acceptance_rate,
+        healthy=window.healthy)

@@ -1,0 +1,335 @@
+"""Deltas from the engine: streamed text equals the final text, stops never leak, aborts free.
+
+A bigram toy whose token i is almost surely followed by i + 1 (mod 8) emits a known token
+chain; a byte tokenizer maps those tokens to byte strings that split multi-byte UTF-8
+characters across tokens and make stop strings span tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from specserve.engine.engine import LLMEngine
+from specserve.engine.output_processor import IncrementalDetokenizer
+from specserve.engine.outputs import SpeculationOverride, TokenOrigin
+from specserve.sampling.params import SamplingParams
+from tests import toy
+
+V = 8
+# the chain 1, 2, 3, ... decodes to "aé€</s>😀" with every multi-byte character split
+PIECES = [b"\x98\x80", b"a", b"\xc3", b"\xa9", b"\xe2\x82", b"\xac<", b"/s", b">\xf0\x9f"]
+
+
+class ByteTokenizer:
+    """Token i is the byte string PIECES[i]; text is their concatenation, decoded as UTF-8."""
+
+    def __init__(self, eos: int | None = None) -> None:
+        self.eos_token_ids = frozenset() if eos is None else frozenset({eos})
+        self.decoded_lengths: list[int] = []
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        self.decoded_lengths.append(len(ids))
+        data = b"".join(PIECES[i] for i in ids if i not in self.eos_token_ids)
+        return data.decode("utf-8", errors="replace")
+
+
+def chain_table() -> torch.Tensor:
+    table = torch.full((V, V), 1e-3)
+    for i in range(V):
+        table[i, (i + 1) % V] = 1.0
+    return table
+
+
+def byte_engine(k: int, max_num_seqs: int = 8, eos: int | None = None) -> LLMEngine:
+    base = toy.toy_engine(chain_table(), chain_table() if k else None, k,
+                          max_num_seqs=max_num_seqs, max_len=256)
+    return LLMEngine(base.runner, ByteTokenizer(eos), base.config, base.spec, base.drafter)
+
+
+def greedy(**kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, **kw)
+
+
+def expected_text(n: int, stop: str | None = None, include: bool = False) -> str:
+    data = b"".join(PIECES[(i + 1) % V] for i in range(n))
+    text = data.decode("utf-8", errors="replace")
+    if stop is not None and stop in text:
+        cut = text.index(stop)
+        text = text[:cut + len(stop) if include else cut]
+    return text
+
+
+def stream_all(engine: LLMEngine) -> tuple[dict, dict]:
+    """Step until idle: (request id -> list of its deltas, request id -> final output)."""
+    deltas, finals = {}, {}
+    while engine.has_unfinished():
+        for d in engine.step():
+            deltas.setdefault(d.request_id, []).append(d)
+            if d.finished:
+                finals[d.request_id] = d.output
+    return deltas, finals
+
+
+def streamed(deltas, index: int = 0) -> tuple[list[str], list[int], list[str]]:
+    texts, ids, origins = [], [], []
+    for d in deltas:
+        for c in d.completions:
+            if c.index == index:
+                texts.append(c.text)
+                ids += c.token_ids
+                origins += c.origins
+    return texts, ids, origins
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 4])
+@pytest.mark.parametrize("stop,include", [(None, False), ("</s>", False), ("</s>", True),
+                                          ("€<", False), ("é", True), ("s>😀a", False)])
+def test_stream_concatenates_to_the_final_text_and_never_shows_what_a_stop_cuts(k, stop, include):
+    engine = byte_engine(k)
+    lengths = [1, 2, 3, 4, 5, 7, 9, 12, 17, 30]
+    for n in lengths:
+        engine.add_request([0], greedy(max_tokens=n, stop=[stop] if stop else None,
+                                       include_stop_str_in_output=include), request_id=f"n{n}")
+    deltas, finals = stream_all(engine)
+    for n in lengths:
+        out = finals[f"n{n}"].outputs[0]
+        assert out.text == expected_text(n, stop, include), (n, out.text)
+        texts, ids, _ = streamed(deltas[f"n{n}"])
+        assert "".join(texts) == out.text
+        assert ids == out.token_ids
+        shown = ""
+        for piece in texts:
+            shown += piece
+            assert out.text.startswith(shown)  # nothing streamed is ever taken back
+        # split characters come out whole; a character cut short by the end shows as U+FFFD
+        assert "\ufffd" not in "".join(texts[:-1]) + out.text[:-1]
+        if stop is not None and stop in expected_text(n):
+            assert out.finish_reason == "stop"
+            assert not include or out.text.endswith(stop)
+        else:
+            assert out.finish_reason == "length" and len(out.token_ids) == n
+
+
+def test_a_character_is_emitted_in_the_step_its_last_byte_arrives():
+    engine = byte_engine(0)
+    engine.add_request([0], greedy(max_tokens=8))
+    texts = []
+    while engine.has_unfinished():
+        for d in engine.step():
+            texts += [c.text for c in d.completions]
+    # tokens: a | \xc3 | \xa9 | \xe2\x82 | \xac< | /s | >\xf0\x9f | \x98\x80
+    # a window ending in an unfinished character holds all its text (">" waits for "😀")
+    assert texts == ["a", "", "é", "", "€<", "/s", "", ">😀"]
+
+
+def test_detokenization_decodes_a_short_window_not_the_whole_output():
+    engine = byte_engine(3)
+    engine.add_request([0], greedy(max_tokens=200))
+    stream_all(engine)
+    assert max(engine.tokenizer.decoded_lengths) <= 4
+
+
+def test_incremental_detokenizer_flushes_an_unfinished_character_at_the_end():
+    tok = ByteTokenizer()
+    detok = IncrementalDetokenizer(tok)
+    assert detok.push(1) == "a"
+    assert detok.push(2) == ""  # \xc3 alone
+    assert detok.flush() == "\ufffd"
+
+
+def test_eos_and_stop_token_ids_end_the_stream_with_all_text_flushed():
+    engine = byte_engine(4, eos=6)
+    engine.add_request([0], greedy(max_tokens=20, stop=["</s>x"]))  # "</s" is held back ...
+    deltas, finals = stream_all(engine)
+    out = finals["0"].outputs[0]
+    assert out.finish_reason == "stop" and out.token_ids == [1, 2, 3, 4, 5, 6]
+    assert out.text == "aé€<"  # ... and flushed when EOS ends it (EOS has no text)
+    assert "".join(streamed(deltas["0"])[0]) == out.text
+
+
+def test_token_origins_follow_each_round_plain_accepted_bonus():
+    engine = byte_engine(3)
+    engine.add_request([0], greedy(max_tokens=9))
+    deltas, finals = stream_all(engine)
+    out = finals["0"].outputs[0]
+    a, b, p = TokenOrigin.ACCEPTED, TokenOrigin.BONUS, TokenOrigin.PLAIN
+    assert out.origins == [p, a, a, a, b, a, a, a, b]  # the prefill's token, then two rounds
+    assert streamed(deltas["0"])[2] == out.origins
+    assert out.origins.count(a) == out.spec.accepted
+
+
+def test_a_rejected_draft_gives_a_recovered_token():
+    P = chain_table()
+    Q = torch.roll(chain_table(), 1, dims=1)  # the draft always proposes i + 2
+    base = toy.toy_engine(P, Q, 2)
+    base.add_request([0], greedy(max_tokens=5))
+    (out,) = toy.run_all(base)
+    # the last token is left alone for the bonus slot: a round with k = 0, plain
+    plain, recovered = TokenOrigin.PLAIN, TokenOrigin.RECOVERED
+    assert out.outputs[0].origins == [plain, recovered, recovered, recovered, plain]
+
+
+def test_logprobs_stream_one_entry_per_token():
+    engine = byte_engine(3)
+    engine.add_request([0], greedy(max_tokens=10, logprobs=1))
+    deltas, finals = stream_all(engine)
+    out = finals["0"].outputs[0]
+    streamed_lp = [lp for d in deltas["0"] for c in d.completions for lp in c.logprobs]
+    assert streamed_lp == out.logprobs and len(out.logprobs) == 10
+    for token, entry in zip(out.token_ids, out.logprobs):
+        assert token in entry
+
+
+def test_n_completions_stream_under_their_index():
+    engine = byte_engine(0)
+    engine.add_request([0], SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=6))
+    deltas, finals = stream_all(engine)
+    for c in finals["0"].outputs:
+        texts, ids, _ = streamed(deltas["0"], c.index)
+        assert "".join(texts) == c.text and ids == c.token_ids
+
+
+def memory_in_use(engine: LLMEngine) -> int:
+    """Target KV memory held by sequences (blocks, or slots in a slot cache)."""
+    blocks = getattr(engine.scheduler, "blocks", None)
+    if blocks is not None:
+        return blocks.num_used
+    return engine.scheduler.max_num_seqs - engine.runner.cache.num_free_slots
+
+
+def test_abort_from_another_thread_frees_memory_and_the_others_finish():
+    engine = byte_engine(3, max_num_seqs=4)
+    for i in range(3):
+        engine.add_request([0], greedy(max_tokens=150), request_id=f"r{i}")
+    steps = threading.Semaphore(0)
+    aborted = threading.Event()
+
+    def aborter():
+        steps.acquire()  # after the first step
+        engine.abort_request("r1")
+        aborted.set()
+
+    thread = threading.Thread(target=aborter)
+    thread.start()
+    finals, abort_step_memory, most = {}, None, 0
+    while engine.has_unfinished():
+        for d in engine.step():
+            most = max(most, memory_in_use(engine))
+            if d.finished:
+                finals[d.request_id] = d.output
+                if d.request_id == "r1":
+                    abort_step_memory = memory_in_use(engine)
+                    assert d.completions[0].finish_reason == "abort"
+        steps.release()
+        if not aborted.is_set():
+            aborted.wait()
+    thread.join()
+    r1 = finals["r1"].outputs[0]
+    assert r1.finish_reason == "abort" and 0 < len(r1.token_ids) < 150
+    assert r1.text == expected_text(len(r1.token_ids))
+    assert abort_step_memory is not None and 0 < abort_step_memory < most
+    assert engine.drafter._seqs == {}  # the draft cache let go too
+    for rid in ("r0", "r2"):
+        assert finals[rid].outputs[0].finish_reason == "length"
+        assert finals[rid].outputs[0].text == expected_text(150)
+    assert memory_in_use(engine) == 0 and engine.num_aborted == 1
+
+
+def test_abort_during_a_step_takes_effect_at_the_next_step():
+    engine = byte_engine(3)
+    engine.add_request([0], greedy(max_tokens=100), request_id="a")
+    engine.add_request([0], greedy(max_tokens=100), request_id="b")
+    forward, calls = engine.runner.forward, []
+
+    def forward_then_abort(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            engine.abort_request("a")  # the step holds the engine: queued for the next one
+        return forward(*a, **kw)
+
+    engine.runner.forward = forward_then_abort
+    engine.step(), engine.step()
+    third = engine.step()
+    assert [d.finished for d in third] == [False, False]  # both advanced, "a" not yet aborted
+    fourth = {d.request_id: d for d in engine.step()}
+    assert fourth["a"].finished and fourth["a"].output.outputs[0].finish_reason == "abort"
+    assert not fourth["b"].finished
+    deltas, finals = stream_all(engine)
+    assert finals["b"].outputs[0].text == expected_text(100)
+
+
+def test_abort_before_scheduling_removes_the_waiting_request():
+    engine = byte_engine(0, max_num_seqs=1)
+    engine.add_request([0], greedy(max_tokens=5), request_id="a")
+    engine.add_request([0], greedy(max_tokens=5), request_id="b")
+    engine.abort_request("b")  # no step is running: applied at once
+    assert [s.request_id for s in engine.scheduler.waiting] == ["a"]
+    deltas, finals = stream_all(engine)
+    b = finals["b"]
+    assert b.outputs[0].finish_reason == "abort" and b.outputs[0].token_ids == []
+    assert b.queue_time is None and finals["a"].outputs[0].finish_reason == "length"
+    engine.abort_request("a")  # finished: ignored
+    engine.abort_request("unknown")
+    assert not engine.has_unfinished()
+
+
+def test_an_exception_in_a_step_fails_the_running_requests_only():
+    engine = byte_engine(0, max_num_seqs=2)
+    for i in range(3):
+        engine.add_request([0], greedy(max_tokens=6), request_id=f"r{i}")
+    forward, calls = engine.runner.forward, []
+
+    def failing(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return forward(*a, **kw)
+
+    engine.runner.forward = failing
+    deltas, finals = stream_all(engine)
+    for rid in ("r0", "r1"):
+        last = deltas[rid][-1]
+        assert isinstance(last.error, RuntimeError) and last.finished
+        assert last.output.outputs[0].finish_reason == "abort"
+    assert deltas["r2"][-1].error is None
+    assert finals["r2"].outputs[0].text == expected_text(6)
+    assert memory_in_use(engine) == 0
+    engine.add_request([0], greedy(max_tokens=4), request_id="after")
+    assert stream_all(engine)[1]["after"].outputs[0].text == expected_text(4)
+
+
+def test_queue_time_ends_when_a_request_is_first_scheduled():
+    engine = byte_engine(0, max_num_seqs=1)
+    engine.add_request([0], greedy(max_tokens=20), request_id="first")
+    engine.add_request([0], greedy(max_tokens=2), request_id="second")
+    _, finals = stream_all(engine)
+    first, second = finals["first"], finals["second"]
+    assert 0 <= first.queue_time <= first.outputs[0].ttft
+    # the second waited for the whole first request
+    assert second.queue_time >= first.outputs[0].e2e_time - first.queue_time
+    assert second.outputs[0].queue_time == second.queue_time <= second.outputs[0].ttft
+
+
+def test_speculation_override_is_stored_on_the_sequences():
+    engine = byte_engine(3)
+    override = SpeculationOverride(enabled=False, tv_budget=0.25)
+    engine.add_request([0], greedy(max_tokens=3, n=1), speculation=override)
+    (seq,) = engine.scheduler.waiting
+    assert seq.speculation is override and seq.tv_budget == 0.25
+
+
+def test_bad_requests_are_refused_before_anything_is_queued():
+    engine = byte_engine(0)
+    with pytest.raises(ValueError, match="token ids"):
+        engine.add_request([0, 99], greedy())
+    with pytest.raises(ValueError, match="speculation"):
+        engine.add_request([0], greedy(), speculation={"enabled": False})
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SpeculationOverride(num_speculative_tokens=2.5)
+    engine.add_request([0], greedy(max_tokens=1), request_id="x")
+    with pytest.raises(ValueError, match="already in use"):
+        engine.add_request([0], greedy(), request_id="x")
+    assert len(engine.scheduler.waiting) == 1
