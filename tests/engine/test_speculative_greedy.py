@@ -12,6 +12,7 @@ import math
 import pytest
 
 from specserve.engine.calibration import calibrate
+from specserve.engine.calibration import calibrate
 from specserve.llm import LLM
 from specserve.models.loader import load_model
 from specserve.sampling.params import SamplingParams
@@ -172,7 +173,7 @@ def test_draft_catch_up_after_idle_rounds_is_bounded_and_output_unchanged(models
             skipped.append(state.skipped)
     out = seq
     assert out.token_ids[len(PROMPT):] == plain.token_ids
-    assert fed[0] == [len(PROMPT)]  # the prompt prefill
+    assert fed[0] == [len(PROMPT) - 1]  # the prompt prefill (the first catch-up feeds its last token)
     assert max(r for rows in fed[1:] for r in rows) == drafter.max_catchup
     assert skipped[-1] > 0
     # the identical draft still agrees with the target after the hole (greedy, same weights
