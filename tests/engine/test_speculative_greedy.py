@@ -12,7 +12,6 @@ import math
 import pytest
 
 from specserve.engine.calibration import calibrate
-from specserve.engine.calibration import calibrate
 from specserve.llm import LLM
 from specserve.models.loader import load_model
 from specserve.sampling.params import SamplingParams
