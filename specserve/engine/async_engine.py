@@ -202,18 +202,13 @@ class AsyncEngine:
 def engine_stats(engine: LLMEngine) -> EngineStats:
     """A snapshot of `engine` (read between steps, on the engine thread)."""
     scheduler = engine.scheduler
-    blocks = getattr(scheduler, "blocks", None)
-    if blocks is not None:
-        used, total = blocks.num_used, blocks.num_blocks
-    else:  # one fixed slot per sequence
-        total = scheduler.max_num_seqs
-        used = total - engine.runner.cache.num_free_slots
+    used, total = engine.kv_blocks_used, engine.kv_blocks_total
     window = engine.metrics.window
     return EngineStats(
         running=len(scheduler.running), waiting=len(scheduler.waiting),
         kv_usage=used / total if total else 0.0, kv_blocks_used=used, kv_blocks_total=total,
-        preemptions=getattr(scheduler, "num_preemptions", 0), aborted=engine.num_aborted,
-        prefix_cache_hit_tokens=getattr(scheduler, "prefix_cache_hit_tokens", 0),
-        prompt_tokens_computed=getattr(scheduler, "prompt_tokens_computed", 0),
+        preemptions=engine.preemptions, aborted=engine.num_aborted,
+        prefix_cache_hit_tokens=engine.prefix_cache_hit_tokens,
+        prompt_tokens_computed=engine.prompt_tokens_computed,
         spec=copy.deepcopy(engine.metrics.total), rolling_acceptance=window.acceptance_rate,
         healthy=window.healthy)

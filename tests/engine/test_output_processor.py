@@ -193,11 +193,8 @@ def test_n_completions_stream_under_their_index():
 
 
 def memory_in_use(engine: LLMEngine) -> int:
-    """Target KV memory held by sequences (blocks, or slots in a slot cache)."""
-    blocks = getattr(engine.scheduler, "blocks", None)
-    if blocks is not None:
-        return blocks.num_used
-    return engine.scheduler.max_num_seqs - engine.runner.cache.num_free_slots
+    """Target KV blocks held by sequences."""
+    return engine.kv_blocks_used
 
 
 def test_abort_from_another_thread_frees_memory_and_the_others_finish():
