@@ -117,6 +117,13 @@ class OutputProcessor:
         self._requests[request_id] = _Request(request_id, prompt, list(prompt_ids), completions,
                                               arrival)
 
+    def reject(self, request_id: str, prompt: str | None, prompt_ids: list[int],
+               arrival: float, error: BaseException) -> None:
+        """A request that could not be queued: its only delta is a failed, finished one."""
+        self._requests[request_id] = _Request(request_id, prompt, list(prompt_ids), [], arrival,
+                                              error)
+        self._touched[request_id] = None
+
     def sequences(self, request_id: str) -> list[Sequence]:
         req = self._requests.get(request_id)
         return [c.seq for c in req.completions] if req is not None else []

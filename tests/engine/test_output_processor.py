@@ -330,3 +330,30 @@ def test_bad_requests_are_refused_before_anything_is_queued():
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request([0], greedy(), request_id="x")
     assert len(engine.scheduler.waiting) == 1
+
+
+def test_a_request_that_fails_while_being_queued_gets_an_error_delta_and_others_run():
+    engine = byte_engine(0)
+    new_sequence = engine._new_sequence
+
+    def failing(request_id, *a):
+        if request_id == "bad":
+            raise RuntimeError("cannot build")
+        return new_sequence(request_id, *a)
+
+    engine._new_sequence = failing
+    engine.add_request([0], greedy(max_tokens=3), request_id="bad")
+    engine.add_request([0], greedy(max_tokens=3), request_id="good")
+    deltas, finals = stream_all(engine)
+    assert isinstance(deltas["bad"][-1].error, RuntimeError) and finals["bad"].outputs == []
+    assert finals["good"].outputs[0].text == expected_text(3)
+    assert not engine.has_request("bad")
+
+
+def test_automatic_request_ids_skip_ids_chosen_by_callers():
+    engine = byte_engine(0)
+    chosen = {str(i) for i in range(0, 40, 2)}  # the counter also numbers sequences: it meets one
+    for rid in sorted(chosen, key=int):
+        engine.add_request([0], greedy(max_tokens=2), request_id=rid)
+    automatic = {engine.add_request([0], greedy(max_tokens=2)) for _ in range(5)}
+    assert len(automatic) == 5 and not automatic & chosen
