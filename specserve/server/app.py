@@ -1,5 +1,5 @@
 """The FastAPI app: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`,
-`/metrics` and the OpenAPI schema (`/openapi.json`, `/docs`).
+`/metrics`, the OpenAPI schema (`/openapi.json`, `/docs`) and the chat page (`/`, from `static/`).
 
 `build_app` takes a running `AsyncEngine` and what the routes need to know about the model; it
 loads nothing, so tests and other front ends can build one around any engine.
@@ -11,10 +11,12 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 
 from specserve.engine.async_engine import EngineClosed, EngineError
 from specserve.engine.outputs import RequestOutput
@@ -30,6 +32,9 @@ from specserve.server.responses import Responder, Shape
 from specserve.server.streams import merged, unless_disconnected
 
 log = logging.getLogger("specserve.server")
+STATIC = Path(__file__).with_name("static")  # the chat page at `/` (issue 17): plain HTML/CSS/JS
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:",
+                "Cache-Control": "no-cache"}
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in [
     (400, "invalid request: malformed JSON, wrong type, out-of-range value, prompt or max_tokens "
@@ -94,6 +99,12 @@ def build_app(engine, tokenizer: Tokenizer, limits: ModelLimits, api_key: str | 
         """Prometheus text format."""
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        """The chat page: streaming answers with every token colored by its origin."""
+        return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
     guarded = Guard(app, max_body_bytes, api_key, state.metrics.error)
     app.state.server = state
     return guarded, state

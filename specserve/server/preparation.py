@@ -50,7 +50,7 @@ def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLim
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except Exception as e:  # a template may refuse a conversation (e.g. roles out of order)
         raise APIError(400, f"messages: the chat template refused them: {e}", param="messages") from e
-    ids = tokenizer.encode(text)
+    ids = _encode(tokenizer, text, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -64,11 +64,18 @@ def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelL
         prompts = [prompts]
     jobs = []
     for prompt in prompts:
-        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = _encode(tokenizer, prompt, "prompt") if isinstance(prompt, str) else list(prompt)
         if any(t >= limits.vocab_size for t in ids):
             raise APIError(400, f"prompt: token ids must be < {limits.vocab_size}", param="prompt")
         jobs.append(_job(req, ids, "prompt", req.max_tokens, "max_tokens", req.logprobs, limits))
     return jobs
+
+
+def _encode(tokenizer: Tokenizer, text: str, param: str) -> list[int]:
+    try:
+        return tokenizer.encode(text)
+    except Exception as e:  # e.g. a lone surrogate (valid JSON, not valid Unicode text)
+        raise APIError(400, f"{param}: the text cannot be tokenized: {e}", param=param) from e
 
 
 def _job(req: _SamplingFields, ids: list[int], prompt_param: str, max_tokens: int | None,

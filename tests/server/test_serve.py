@@ -221,6 +221,7 @@ BAD_INPUTS = [
         {"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
     ("speculation k out of range", "/v1/completions", {"prompt": "x", "speculative": {
         "num_speculative_tokens": 99}}, 400, "speculative"),
+    ("lone surrogate", "/v1/completions", b'{"model": "tiny", "prompt": "a\\ud800b"}', 400, "prompt"),
     ("seed out of range", "/v1/completions", {"prompt": "x", "seed": 2**70}, 400, "seed"),
     ("negative penalty beyond -2", "/v1/completions", {"prompt": "x", "presence_penalty": -3},
      400, "presence_penalty"),
@@ -310,6 +311,17 @@ def test_client_disconnect_mid_stream_aborts_and_frees_the_kv_cache(server):
 
 
 # ----------------------------------------------------------------------------- fuzz
+def test_openapi_schema_documents_the_routes_and_the_speculation_extensions(server):
+    schema = httpx.get(f"{server.base_url}/openapi.json").json()
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"} <= set(schema["paths"])
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        props = schema["components"]["schemas"][name]["properties"]
+        assert {"speculative", "return_token_origins", "top_k", "stop_token_ids"} <= set(props)
+        assert "num_speculative_tokens" in json.dumps(props["speculative"]) or "SpeculativeOptions" in json.dumps(
+            props["speculative"])
+    assert "SpeculativeStats" in schema["components"]["schemas"]
+
+
 def test_fuzzing_the_openapi_schema_finds_no_server_error(server):
     import schemathesis
     from hypothesis import HealthCheck, given, settings
@@ -336,22 +348,39 @@ def test_fuzzing_the_openapi_schema_finds_no_server_error(server):
 
 
 # ----------------------------------------------------------------------------- shutdown (last)
-def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(server):
+def test_sigterm_lets_in_flight_requests_finish_aborts_the_rest_and_exits_0(server):
+    """A short request already streaming when SIGTERM comes finishes ("length"); 24 sequences of
+    ~1,000 plain-decoded tokens (8 run at a time) cannot finish within the bound and end with
+    "abort"; every stream still ends in [DONE]; the process exits 0 without a traceback."""
     finals: dict[int, tuple[str | None, bool]] = {}
+    connected = {i: threading.Event() for i in range(7)}  # response headers in: the request is in
+    short_started = threading.Event()
 
-    def stream(i: int, max_tokens: int) -> None:
+    def stream(i: int, max_tokens: int, n: int) -> None:
         body = {"model": NAME, "prompt": f"long {i}", "max_tokens": max_tokens, "stream": True,
-                "ignore_eos": True}
-        with server.client() as http, http.stream("POST", "/v1/completions", json=body) as r:
-            payloads = sse.parse("".join(r.iter_text()))
+                "ignore_eos": True, "n": n, "speculative": False}
+        text = ""
+        try:
+            with server.client() as http, http.stream("POST", "/v1/completions", json=body) as r:
+                connected[i].set()
+                for piece in r.iter_text():
+                    text += piece
+                    if n == 1:
+                        short_started.set()
+        except httpx.HTTPError as e:
+            finals[i] = (repr(e), False)
+            return
+        payloads = sse.parse(text)
         reasons = [c["finish_reason"] for p in payloads if isinstance(p, dict) for c in p["choices"]]
         finals[i] = (reasons[-1] if reasons else None, payloads[-1] == "[DONE]")
 
-    threads = [threading.Thread(target=stream, args=(i, MAX_MODEL_LEN - 16)) for i in range(6)]
-    threads.append(threading.Thread(target=stream, args=(6, 3)))
-    for t in threads:
+    short = threading.Thread(target=stream, args=(0, 40, 1))
+    short.start()
+    assert short_started.wait(30)
+    threads = [short] + [threading.Thread(target=stream, args=(i, MAX_MODEL_LEN - 16, 4)) for i in range(1, 7)]
+    for t in threads[1:]:
         t.start()
-    time.sleep(1.0)
+    assert all(connected[i].wait(30) for i in range(7))
     sent = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     rc = server.process.wait(SHUTDOWN_TIMEOUT + 20)
@@ -360,6 +389,6 @@ def test_sigterm_finishes_short_requests_aborts_long_ones_and_exits_0(server):
         t.join(10)
     assert rc == 0 and took < SHUTDOWN_TIMEOUT + 10
     assert "Traceback" not in server.log
-    assert finals[6] == ("length", True)
-    assert all(done for _, done in finals.values())
+    assert finals[0] == ("length", True)
+    assert all(done for _, done in finals.values()) and len(finals) == 7, finals
     assert "abort" in {reason for reason, _ in finals.values()}
