@@ -112,6 +112,8 @@ class AsyncEngine:
             while not finished:
                 delta = await queue.get()
                 finished = delta.finished
+                if isinstance(delta.error, EngineClosed):
+                    raise delta.error
                 if delta.error is not None:
                     raise EngineError(f"request {rid} failed in the engine: "
                                       f"{delta.error!r}") from delta.error
@@ -151,22 +153,37 @@ class AsyncEngine:
             self._wake.notify_all()
 
     def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self.engine.has_unfinished() and not self._stopping:
-                    self._wake.wait()
-                if self._stopping and not self.engine.has_unfinished():
-                    return
-            try:
-                deltas = self.engine.step()
-            except Exception as error:  # noqa: BLE001 - the engine's own failures are in deltas
-                log.exception("engine step failed outside the requests")
-                deltas = self._fail_everything(error)
+        try:
+            while self._next_step():
+                pass
+        finally:  # a crash of the thread itself must not leave streams waiting forever
+            with self._lock:
+                orphans, self._callbacks = self._callbacks, {}
+            closed = EngineClosed("the engine thread stopped")
+            for rid, callback in orphans.items():
+                try:
+                    callback(RequestDelta(rid, [], True, None, closed))
+                except Exception:  # noqa: BLE001 - the others must still hear of it
+                    log.exception("delta callback for request %s failed", rid)
+
+    def _next_step(self) -> bool:
+        """Wait for work, run one step, hand out its deltas; False once stopped and idle."""
+        with self._wake:
+            while not self.engine.has_unfinished() and not self._stopping:
+                self._wake.wait()
+            if self._stopping and not self.engine.has_unfinished():
+                return False
+        try:
+            deltas = self.engine.step()
             self._stats = engine_stats(self.engine)
-            for delta in deltas:
-                self._deliver(delta)
-            with self._wake:
-                self._wake.notify_all()
+        except Exception as error:  # noqa: BLE001 - the engine's own failures are in deltas
+            log.exception("engine step failed outside the requests")
+            deltas = self._fail_everything(error)
+        for delta in deltas:
+            self._deliver(delta)
+        with self._wake:
+            self._wake.notify_all()
+        return True
 
     def _deliver(self, delta: RequestDelta) -> None:
         with self._lock:

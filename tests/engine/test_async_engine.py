@@ -175,3 +175,44 @@ def test_stats_count_running_and_waiting(model):
     assert stats.healthy and stats.spec.drafted == 0
     engine.shutdown(timeout=0)
     assert engine.stats().aborted == 3
+
+
+def test_a_stop_string_never_shows_in_the_stream_on_a_real_tokenizer(model):
+    llm = LLM(model)
+    full = llm.generate("the cat", greedy(40))[0].text
+    stop = full[10:13]
+    expected = llm.generate("the cat", greedy(40, stop=[stop]))[0]
+    engine = AsyncEngine.from_llm(llm)
+    try:
+        deltas = asyncio.run(collect(engine, "the cat", greedy(40, stop=[stop])))
+    finally:
+        engine.shutdown(timeout=10)
+    shown = ""
+    for d in deltas:
+        for c in d.completions:
+            shown += c.text
+            assert expected.text.startswith(shown)
+    final = deltas[-1].output
+    assert shown == final.text == expected.text == full[:full.index(stop)]
+    assert final.finish_reason == "stop"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_streams_end_with_engine_closed_if_the_engine_thread_dies(model):
+    llm = LLM(model)
+    engine = AsyncEngine.from_llm(llm)
+    step = llm.engine.step
+
+    def dying_step():
+        step()
+        raise SystemExit  # not an Exception: the thread itself ends
+
+    llm.engine.step = dying_step
+
+    async def main():
+        with pytest.raises(EngineClosed):
+            await collect(engine, "the cat", greedy(50))
+
+    asyncio.run(main())
+    engine._thread.join(timeout=10)  # it ended by itself
+    assert not engine._thread.is_alive()
