@@ -32,7 +32,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
                   "--disable-component-update", "--no-first-run", "--disable-sync"]
 SYSTEM = "You answer in one line."
 PROMPT = "Rename the variable x to count in: x = x + 1"
-MAX_TOKENS = 80
+MAX_TOKENS = 120  # long enough that the chart is seen filling in while the answer streams
 WAIT_S = 30
 
 
