@@ -6,7 +6,8 @@ PyTorch (`libgomp.so.1`, already loaded by `import torch`), so `torch.set_num_th
 sets the kernels' thread count and the two never compete with separate thread pools.
 
 Instruction sets, chosen at run time from /proc/cpuinfo, widest first:
-- `avx512_vnni`: AVX-512 F, BW, VL and VNNI on top of the AVX2 set (Zen 4, Ice Lake and later);
+- `avx512_vnni`: AVX-512 F, BW, CD, DQ, VL and VNNI on top of the AVX2 set (Zen 4, Ice Lake
+  and later);
 - `avx2`: AVX2, FMA and F16C (Haswell, Zen 1-3);
 - None: anything else; callers fall back to PyTorch's own kernels.
 `SPECSERVE_KERNEL_ISA=avx2` (or `avx512_vnni`, alias `avx512`) forces one that the CPU has;
@@ -42,7 +43,8 @@ REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 # its compiler flags. No floating-point contraction: the kernels' reduction order is theirs,
 # the same in every build.
 ISAS = {
-    "avx512_vnni": (REQUIRED_CPU_FLAGS + ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+    "avx512_vnni": (REQUIRED_CPU_FLAGS + ("avx512f", "avx512bw", "avx512cd", "avx512dq",
+                                          "avx512vl", "avx512_vnni"),
                     ["-march=x86-64-v4", "-mavx512vnni"]),
     "avx2": (REQUIRED_CPU_FLAGS, ["-march=x86-64-v3"]),
 }

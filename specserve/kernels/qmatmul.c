@@ -3,14 +3,13 @@
  *
  * The same source builds twice (see `specserve/kernels/__init__.py`): with AVX2, FMA and F16C
  * (-march=x86-64-v3), and with AVX-512 F/BW/VL/VNNI on top (-march=x86-64-v4 -mavx512vnni,
- * which defines QM_AVX512). `q_isa()` says which one was loaded.
+ * which defines QM_AVX512; the CPU must have AVX-512 F, BW, CD, DQ, VL and VNNI). `q_isa()`
+ * says which one was loaded.
  *
  * Batch invariance. A row's result never depends on the other rows of its call, on how many
  * there are, or on which loop order (path) the call took: every (row, output) is reduced in
  * one fixed order, each row in its own accumulators, and the tiles only decide which rows
- * share a weight load. Both builds give bit-identical results too: the AVX-512 build keeps
- * the AVX2 build's 8-lane float accumulation and folds its wider integer lanes into those 8
- * lanes (exact) before converting to float.
+ * share a weight load. Both builds give bit-identical results too (see "Arithmetic" below).
  *
  * Quantized weights W [n, k], per output row, in blocks of 32 inputs grouped into
  * super-blocks of `sb` inputs (64, 128 or 256; k a multiple of sb):
@@ -24,20 +23,35 @@
  * Activations are quantized on the fly per row, to int8 with one float scale per super-block
  * (`da`), and with each block's sum (`dsa` = da·Σqa) for the minimum term.
  *
- * Within a super-block everything is integer: pmaddubsw multiplies nibbles by int8
- * activations, pmaddwd (AVX-512 VNNI: vpdpwssd) scales the 16-bit pair sums by the block's
- * integer scale and adds them into 32-bit lanes, and one float FMA per super-block applies
- * dsup·da. Each weight pair is unpacked once for up to ROWS activation rows while it sits in
- * registers (4 with AVX2's 16 vector registers, 8 with AVX-512's 32), so a verify pass of
- * several rows costs integer arithmetic, not another trip through memory. Long passes
- * (prefill) walk blocks of outputs × blocks of rows sized for the L2 cache, so the quantized
- * activations are read from cache rather than streamed from memory once per output.
+ * Arithmetic, the same bits on every path and build. For a row and an output, each
+ * super-block's dot product I_s = Σ_b sc_b · Σ_i q_i·qa_i is an exact integer (summed in 64
+ * bits); the row accumulates y = fma((float)I_s, dsup_s·da_s, y) over the super-blocks in
+ * order; then y + the minimum term (4 bits: Σ_b min_b·dsa_b in 8 float lanes, lane j taking
+ * blocks j, j + 8, ..., summed as `hsum` does, then the blocks past the last full 8 one by
+ * one). Since I_s is exact, it does not matter how its terms are grouped, and each path
+ * groups them its own way:
+ *
+ * - decode (few rows, `output_rows`): per output, pmaddubsw multiplies nibbles by int8
+ *   activations and pmaddwd (AVX-512 VNNI: vpdpwssd, two blocks per zmm) scales the 16-bit
+ *   pair sums by the block's integer scale into 32-bit lanes; each weight pair is unpacked
+ *   once for up to ROWS activation rows while it sits in registers (4 with AVX2's 16 vector
+ *   registers, 8 with AVX-512's 32), so a verify pass costs arithmetic, not another trip
+ *   through memory. The lanes are summed exactly (as doubles) per super-block.
+ * - prefill (AVX-512 VNNI, many rows, `tile_rows`): 16 outputs in the lanes × 6 rows.
+ *   The weights of 16 outputs are rearranged once per call so that vpdpbusd multiplies 4
+ *   inputs of each output by 4 broadcast activation bytes; a block is 8 such steps into one
+ *   register, scaled once by the 16 outputs' block scales: about half the decode loop's
+ *   vector multiplies per product, and its float steps shared by 16 outputs.
  *
  * 8-bit weights use pmaddubsw on |w| and the activations carrying w's sign.
  *
+ * 8-bit weights on the prefill tiles: vpdpbusd on the activations + 128 (unsigned) and the
+ * signed weights, less 128·Σq of the block.
+ *
  * Range: |pmaddubsw lane| ≤ 2·15·127 = 3810 (4 bits) or 2·127·127 = 32258 (8 bits), so it
- * never saturates; × SC_MAX × 2 per pmaddwd lane, × 8 blocks per super-block stays below 2^31,
- * so every integer sum is exact whatever the order of its terms.
+ * never saturates; × SC_MAX × 2 per pmaddwd lane, × 8 blocks per super-block stays below 2^31;
+ * a block's scaled sum on the tiles, ≤ 32·15·127·SC_MAX4 or 32·127·127·SC_MAX8, too; the
+ * super-block's sum, up to 8 times that, is summed in 64 bits (or exactly in doubles).
  *
  * Float weights: each (row, output) accumulates in 8 float lanes, lane j taking inputs
  * j, j + 8, j + 16, ... by FMA in order (the last partial group zero-padded), then one fixed
@@ -68,6 +82,7 @@
 #define OUT_BLOCK 16       /* tiled path: outputs per block */
 #define ROW_BYTES 196608   /* tiled path: quantized activation bytes per row block (L2) */
 #define FR 4               /* float kernel: rows per tile */
+#define PREFILL_ROWS 32    /* path 0: from this many rows on, the prefill tiles */
 
 /* x [k] float → qa [k] int8, da [k/sb], dsa [k/32] = da·Σqa (block) for one row. */
 static void quantize_row(const float *x, int64_t k, int64_t sb, int8_t *qa, float *da,
@@ -116,10 +131,11 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* The float tail shared by both builds: the minimum term (4 bits), Σ_b min_b · da·Σqa_b, and
- * the horizontal sums. out[r] for the nr rows whose super-block sums are in acc. */
+/* The output of nr rows from their super-block sums `main`: + the minimum term (4 bits),
+ * Σ_b min_b · da·Σqa_b, in 8 lanes (lane j: blocks j, j + 8, ...), the lanes summed as hsum
+ * does, the blocks past the last full 8 one by one. */
 static inline __attribute__((always_inline)) void finish_rows(
-    int bits, const uint16_t *mins, int64_t nb, const float *dsa, int nr, const __m256 *acc,
+    int bits, const uint16_t *mins, int64_t nb, const float *dsa, int nr, const float *main,
     float *out) {
     __m256 accm[ROWS];
     for (int r = 0; r < nr; r++) accm[r] = _mm256_setzero_ps();
@@ -132,22 +148,33 @@ static inline __attribute__((always_inline)) void finish_rows(
     float tail[ROWS] = {0};
     for (; b < nb; b++)
         for (int r = 0; r < nr; r++) tail[r] += _cvtsh_ss(mins[b]) * dsa[r * nb + b];
-    for (int r = 0; r < nr; r++) out[r] = hsum(acc[r]) + hsum(accm[r]) + tail[r];
+    for (int r = 0; r < nr; r++) out[r] = main[r] + hsum(accm[r]) + tail[r];
 }
 
 #if QM_AVX512
+/* Lane r: the exact sum of d[r]'s 8 lanes (integers in doubles: every partial sum exact). */
+static inline __m256 row_totals(const __m512d *d) {
+    const __m512d a01 = _mm512_add_pd(_mm512_unpacklo_pd(d[0], d[1]), _mm512_unpackhi_pd(d[0], d[1]));
+    const __m512d a23 = _mm512_add_pd(_mm512_unpacklo_pd(d[2], d[3]), _mm512_unpackhi_pd(d[2], d[3]));
+    const __m512d a45 = _mm512_add_pd(_mm512_unpacklo_pd(d[4], d[5]), _mm512_unpackhi_pd(d[4], d[5]));
+    const __m512d a67 = _mm512_add_pd(_mm512_unpacklo_pd(d[6], d[7]), _mm512_unpackhi_pd(d[6], d[7]));
+    const __m512d b = _mm512_add_pd(_mm512_shuffle_f64x2(a01, a23, 0x88), _mm512_shuffle_f64x2(a01, a23, 0xDD));
+    const __m512d c = _mm512_add_pd(_mm512_shuffle_f64x2(a45, a67, 0x88), _mm512_shuffle_f64x2(a45, a67, 0xDD));
+    return _mm512_cvtpd_ps(_mm512_add_pd(_mm512_shuffle_f64x2(b, c, 0x88), _mm512_shuffle_f64x2(b, c, 0xDD)));
+}
+
 /* y[r] for rows 0..nr of one output; `bits` and nr (≤ ROWS) are constants after inlining.
- * A zmm register holds a block pair: lanes 0..7 block 2p, lanes 8..15 block 2p + 1; folding
- * the two halves gives exactly the AVX2 build's 8 integer lanes. */
+ * A zmm register holds a block pair: lanes 0..7 block 2p, lanes 8..15 block 2p + 1. `dat`:
+ * the rows' da transposed ([ns][stride], lanes past nr readable). */
 static inline __attribute__((always_inline)) void output_rows(
     int bits, const uint8_t *qs, const int16_t *sc, const float *dsup, const uint16_t *mins,
-    int64_t k, int64_t sb, const int8_t *qa, const float *da, const float *dsa, int nr,
-    float *out) {
+    int64_t k, int64_t sb, const int8_t *qa, const float *dat, int64_t stride, const float *dsa,
+    int nr, float *out) {
     const int64_t nb = k / QK, ns = k / sb, pairs = sb / (2 * QK);
     const __m512i mask = _mm512_set1_epi8(0x0F);
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    __m256 acc[ROWS];
-    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    __m256 mainv = _mm256_setzero_ps();  /* lane r: row r */
+    float mains[ROWS] = {0};  /* the same, for 1 or 2 rows */
     for (int64_t s = 0; s < ns; s++) {
         __m512i isum[ROWS];
         for (int r = 0; r < nr; r++) isum[r] = _mm512_setzero_si512();
@@ -173,25 +200,36 @@ static inline __attribute__((always_inline)) void output_rows(
                 isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(w, a), scale);
             }
         }
-        for (int r = 0; r < nr; r++) {
-            const __m256i folded = _mm256_add_epi32(_mm512_castsi512_si256(isum[r]),
-                                                    _mm512_extracti64x4_epi64(isum[r], 1));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(folded),
-                                     _mm256_set1_ps(dsup[s] * da[r * ns + s]), acc[r]);
+        __m512d d[8];
+        for (int r = 0; r < 8; r++)
+            d[r] = r < nr ? _mm512_cvtepi32_pd(_mm256_add_epi32(
+                                _mm512_castsi512_si256(isum[r]), _mm512_extracti64x4_epi64(isum[r], 1)))
+                          : _mm512_setzero_pd();
+        if (nr <= 2) {  /* few rows: each row's total on its own (the same exact value) */
+            for (int r = 0; r < nr; r++)
+                mains[r] = fmaf((float)_mm512_reduce_add_pd(d[r]), dsup[s] * dat[s * stride + r], mains[r]);
+        } else {
+            mainv = _mm256_fmadd_ps(row_totals(d), _mm256_mul_ps(_mm256_set1_ps(dsup[s]),
+                                                                 _mm256_loadu_ps(dat + s * stride)), mainv);
         }
     }
-    finish_rows(bits, mins, nb, dsa, nr, acc, out);
+    float main[8];
+    _mm256_storeu_ps(main, mainv);
+    if (nr <= 2)
+        for (int r = 0; r < nr; r++) main[r] = mains[r];
+    finish_rows(bits, mins, nb, dsa, nr, main, out);
 }
 #else
 /* y[r] for rows 0..nr of one output; `bits` and nr (≤ ROWS) are constants after inlining. */
 static inline __attribute__((always_inline)) void output_rows(
     int bits, const uint8_t *qs, const int16_t *sc, const float *dsup, const uint16_t *mins,
-    int64_t k, int64_t sb, const int8_t *qa, const float *da, const float *dsa, int nr,
-    float *out) {
+    int64_t k, int64_t sb, const int8_t *qa, const float *dat, int64_t stride, const float *dsa,
+    int nr, float *out) {
     const int64_t nb = k / QK, ns = k / sb, pairs = sb / (2 * QK);
+    (void)ns;
     const __m256i mask = _mm256_set1_epi8(0x0F);
-    __m256 acc[ROWS];
-    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    __m128 mainv = _mm_setzero_ps();  /* lane r: row r */
+    float mains = 0.0f;  /* the same, for one row */
     for (int64_t s = 0; s < ns; s++) {
         __m256i isum[ROWS];
         for (int r = 0; r < nr; r++) isum[r] = _mm256_setzero_si256();
@@ -227,31 +265,48 @@ static inline __attribute__((always_inline)) void output_rows(
                     isum[r], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
             }
         }
-        for (int r = 0; r < nr; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]),
-                                     _mm256_set1_ps(dsup[s] * da[r * ns + s]), acc[r]);
+        __m256d d[4];  /* each row's 8 lanes, exact, in 4 doubles */
+        for (int r = 0; r < 4; r++)
+            d[r] = r < nr ? _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(isum[r])),
+                                          _mm256_cvtepi32_pd(_mm256_extracti128_si256(isum[r], 1)))
+                          : _mm256_setzero_pd();
+        if (nr == 1) {  /* one row: its total on its own (the same exact value) */
+            __m128d h = _mm_add_pd(_mm256_castpd256_pd128(d[0]), _mm256_extractf128_pd(d[0], 1));
+            h = _mm_add_sd(h, _mm_unpackhi_pd(h, h));
+            mains = fmaf((float)_mm_cvtsd_f64(h), dsup[s] * dat[s * stride], mains);
+        } else {
+            const __m256d h01 = _mm256_hadd_pd(d[0], d[1]), h23 = _mm256_hadd_pd(d[2], d[3]);
+            const __m256d tot = _mm256_add_pd(_mm256_permute2f128_pd(h01, h23, 0x20),
+                                              _mm256_permute2f128_pd(h01, h23, 0x31));
+            mainv = _mm_fmadd_ps(_mm256_cvtpd_ps(tot), _mm_mul_ps(_mm_set1_ps(dsup[s]),
+                                                                  _mm_loadu_ps(dat + s * stride)), mainv);
+        }
     }
-    finish_rows(bits, mins, nb, dsa, nr, acc, out);
+    float main[4];
+    _mm_storeu_ps(main, mainv);
+    if (nr == 1) main[0] = mains;
+    finish_rows(bits, mins, nb, dsa, nr, main, out);
 }
 #endif
 
 /* `bits` as a compile-time constant in each copy of output_rows. */
 static inline __attribute__((always_inline)) void rows_of(
     int bits, const uint8_t *qs, const int16_t *sc, const float *dsup, const uint16_t *mins,
-    int64_t k, int64_t sb, const int8_t *qa, const float *da, const float *dsa, int nr,
-    float *out) {
-    if (bits == 4) output_rows(4, qs, sc, dsup, mins, k, sb, qa, da, dsa, nr, out);
-    else output_rows(8, qs, sc, dsup, mins, k, sb, qa, da, dsa, nr, out);
+    int64_t k, int64_t sb, const int8_t *qa, const float *dat, int64_t stride, const float *dsa,
+    int nr, float *out) {
+    if (bits == 4) output_rows(4, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
+    else output_rows(8, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
 }
 
 #define TILE_CASE(n_)                                                              \
-    case n_: rows_of(bits, wq, ws, wd, wm, k, sb, a, d, ds, n_, out); break;
+    case n_: rows_of(bits, wq, ws, wd, wm, k, sb, a, d, stride, ds, n_, out); break;
 
-/* Rows r0..r1 of output o: tiles of ROWS rows (the last one shorter), written into y. */
+/* Rows r0..r1 of output o: tiles of ROWS rows (the last one shorter), written into y.
+ * `dat` [ns][stride]: the rows' super-block scales da, transposed. */
 static void output_tiles(int bits, const uint8_t *qs, const int16_t *sc, const float *dsup,
                          const uint16_t *mins, int64_t k, int64_t sb, const int8_t *qa,
-                         const float *da, const float *dsa, int64_t n, int64_t o, int64_t r0,
-                         int64_t r1, float *y) {
+                         const float *dat, int64_t stride, const float *dsa, int64_t n,
+                         int64_t o, int64_t r0, int64_t r1, float *y) {
     const int64_t nb = k / QK, ns = k / sb;
     const uint8_t *wq = qs + o * nb * bits * 4;
     const int16_t *ws = sc + o * nb;
@@ -261,22 +316,128 @@ static void output_tiles(int bits, const uint8_t *qs, const int16_t *sc, const f
     for (int64_t r = r0; r < r1; r += ROWS) {
         const int nr = r1 - r < ROWS ? (int)(r1 - r) : ROWS;
         const int8_t *a = qa + r * k;
-        const float *d = da + r * ns, *ds = dsa + r * nb;
+        const float *d = dat + r, *ds = dsa + r * nb;
         switch (nr) {  /* constant row counts, so the accumulators live in registers */
             TILE_CASE(1) TILE_CASE(2) TILE_CASE(3)
 #if ROWS > 4
             TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
 #endif
-        default: rows_of(bits, wq, ws, wd, wm, k, sb, a, d, ds, ROWS, out); break;
+        default: rows_of(bits, wq, ws, wd, wm, k, sb, a, d, stride, ds, ROWS, out); break;
         }
         for (int i = 0; i < nr; i++) y[(r + i) * n + o] = out[i];
     }
 }
 
+#if QM_AVX512
+/* ---- prefill tiles (AVX-512 VNNI): 16 outputs in the lanes × TROWS rows ----
+ * The weights of 16 outputs are first rearranged (once per call and block of outputs) so
+ * that one zmm holds 4 consecutive inputs of each of the 16 outputs; vpdpbusd then multiplies
+ * them by 4 broadcast activation bytes of a row and sums each group of 4 into its output's
+ * lane: a block of 32 inputs is 8 such steps into one register, scaled once by the 16 block
+ * scales, widened and summed exactly in 64 bits over the super-block. The float steps are the
+ * decode loop's, lane by lane, so every row gets the same bits as there. Rows past the last
+ * full tile and outputs past the last full 16 take the decode loop. */
+#define TOUT 16
+#define TROWS 6
+
+typedef struct {
+    uint8_t *w;      /* [nb][8][16][4] weight bytes: 4 bits q (unsigned), 8 bits q (signed) */
+    int32_t *sc;     /* [nb][16] block scales */
+    int32_t *wsum;   /* 8 bits: [nb][16] 128·Σq of the block (for the +128 activations) */
+    float *dsup;     /* [ns][16] */
+    float *mins;     /* 4 bits: [nb][16] */
+} packed_t;
+
+static void pack_outputs(int bits, const uint8_t *qs, const int16_t *sc, const float *dsup,
+                         const uint16_t *mins, int64_t k, int64_t sb, int64_t o0, packed_t *pk) {
+    const int64_t nb = k / QK, ns = k / sb;
+    for (int o = 0; o < TOUT; o++) {
+        const int64_t out = o0 + o;
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t q[QK];
+            if (bits == 4) {
+                const uint8_t *src = qs + out * nb * 16 + (b / 2) * QK;
+                for (int i = 0; i < QK; i++) q[i] = b % 2 ? src[i] >> 4 : src[i] & 0x0F;
+            } else {
+                const int8_t *src = (const int8_t *)qs + out * k + b * QK;
+                int32_t sum = 0;
+                for (int i = 0; i < QK; i++) q[i] = (uint8_t)src[i], sum += src[i];
+                pk->wsum[b * TOUT + o] = 128 * sum;
+            }
+            for (int g = 0; g < 8; g++)
+                memcpy(pk->w + ((b * 8 + g) * TOUT + o) * 4, q + 4 * g, 4);
+            pk->sc[b * TOUT + o] = sc[out * nb + b];
+            if (bits == 4) pk->mins[b * TOUT + o] = _cvtsh_ss(mins[out * nb + b]);
+        }
+        for (int64_t s = 0; s < ns; s++) pk->dsup[s * TOUT + o] = dsup[out * ns + s];
+    }
+}
+
+/* y[r, o0..o0 + 16] for TROWS rows from `a` (8 bits: the activations + 128). */
+static inline __attribute__((always_inline)) void tile_rows(
+    int bits, const packed_t *pk, int64_t k, int64_t sb, const int8_t *a, const float *da,
+    const float *dsa, int64_t n, float *y) {
+    const int64_t nb = k / QK, ns = k / sb, per = sb / QK;
+    __m512 main[TROWS];
+    for (int r = 0; r < TROWS; r++) main[r] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < ns; s++) {
+        __m512i lo[TROWS], hi[TROWS];
+        for (int r = 0; r < TROWS; r++) lo[r] = hi[r] = _mm512_setzero_si512();
+        for (int64_t b = s * per; b < (s + 1) * per; b++) {
+            __m512i t[TROWS];
+            for (int r = 0; r < TROWS; r++) t[r] = _mm512_setzero_si512();
+            for (int g = 0; g < 8; g++) {
+                const __m512i w = _mm512_loadu_si512((const void *)(pk->w + (b * 8 + g) * 64));
+                for (int r = 0; r < TROWS; r++) {
+                    int32_t four;
+                    memcpy(&four, a + r * k + b * QK + 4 * g, 4);
+                    const __m512i x = _mm512_set1_epi32(four);
+                    t[r] = bits == 4 ? _mm512_dpbusd_epi32(t[r], w, x) : _mm512_dpbusd_epi32(t[r], x, w);
+                }
+            }
+            const __m512i scale = _mm512_loadu_si512((const void *)(pk->sc + b * TOUT));
+            const __m512i bias = bits == 8 ? _mm512_loadu_si512((const void *)(pk->wsum + b * TOUT))
+                                           : _mm512_setzero_si512();
+            for (int r = 0; r < TROWS; r++) {
+                const __m512i prod = _mm512_mullo_epi32(
+                    bits == 8 ? _mm512_sub_epi32(t[r], bias) : t[r], scale);
+                lo[r] = _mm512_add_epi64(lo[r], _mm512_cvtepi32_epi64(_mm512_castsi512_si256(prod)));
+                hi[r] = _mm512_add_epi64(hi[r], _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(prod, 1)));
+            }
+        }
+        const __m512 ds = _mm512_loadu_ps(pk->dsup + s * TOUT);
+        for (int r = 0; r < TROWS; r++) {
+            const __m512 isum = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtepi64_ps(lo[r])),
+                                                   _mm512_cvtepi64_ps(hi[r]), 1);
+            main[r] = _mm512_fmadd_ps(isum, _mm512_mul_ps(ds, _mm512_set1_ps(da[r * ns + s])), main[r]);
+        }
+    }
+    for (int r = 0; r < TROWS; r++) {  /* the minimum term, as finish_rows sums it */
+        __m512 m = _mm512_setzero_ps(), tail = _mm512_setzero_ps();
+        if (bits == 4) {
+            __m512 lane[8];
+            for (int j = 0; j < 8; j++) lane[j] = _mm512_setzero_ps();
+            int64_t b = 0;
+            for (; b + 8 <= nb; b += 8)
+                for (int j = 0; j < 8; j++)
+                    lane[j] = _mm512_fmadd_ps(_mm512_loadu_ps(pk->mins + (b + j) * TOUT),
+                                              _mm512_set1_ps(dsa[r * nb + b + j]), lane[j]);
+            m = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(lane[0], lane[4]), _mm512_add_ps(lane[2], lane[6])),
+                              _mm512_add_ps(_mm512_add_ps(lane[1], lane[5]), _mm512_add_ps(lane[3], lane[7])));
+            for (; b < nb; b++)
+                tail = _mm512_add_ps(tail, _mm512_mul_ps(_mm512_loadu_ps(pk->mins + b * TOUT),
+                                                         _mm512_set1_ps(dsa[r * nb + b])));
+        }
+        _mm512_storeu_ps(y + r * n, _mm512_add_ps(_mm512_add_ps(main[r], m), tail));
+    }
+}
+#endif
+
 /* y [rows, n] = x [rows, k] · Wᵀ with `bits`-bit weights (4 or 8). `path`: 1 walks the
  * outputs one by one, each over all rows (decode, verify); 2 walks blocks of outputs × blocks
- * of rows (prefill); 0 picks by the number of rows. Every path gives the same bits per row.
- * Returns 0, −1 when out of memory, −2 on bad arguments. */
+ * of rows (prefill: the AVX-512 build's tiles of 16 outputs × 6 rows); 0 picks by the number
+ * of rows. Every path gives the same bits per row. Returns 0, −1 when out of memory, −2 on
+ * bad arguments. */
 int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, const uint8_t *qs,
              const int16_t *sc, const float *dsup, const uint16_t *mins, int64_t n, float *y,
              int path) {
@@ -284,25 +445,67 @@ int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, cons
         path > 2 || rows < 0 || n < 0)
         return -2;
     const int64_t nb = k / QK, ns = k / sb;
-    int8_t *qa = aligned_alloc(64, ((size_t)(rows * k) + 63) / 64 * 64 + 64);
-    float *da = malloc(sizeof(float) * (size_t)(rows * ns + 1));
-    float *dsa = malloc(sizeof(float) * (size_t)(rows * nb + 1));
-    if (!qa || !da || !dsa) {
-        free(qa), free(da), free(dsa);
-        return -1;
-    }
     int64_t row_block = ROW_BYTES / (k > 0 ? k : 1) / ROWS * ROWS;
     row_block = row_block < ROWS ? ROWS : row_block;
-    if (path == 0) path = rows > row_block ? 2 : 1;
+    if (path == 0) path = rows >= PREFILL_ROWS ? 2 : 1;
+    const int tiles = QM_AVX512 && path == 2;
+    int8_t *qa = aligned_alloc(64, ((size_t)(rows * k) + 63) / 64 * 64 + 64);
+    int8_t *qu = tiles && bits == 8 ? aligned_alloc(64, ((size_t)(rows * k) + 63) / 64 * 64 + 64) : NULL;
+    float *da = malloc(sizeof(float) * (size_t)(rows * ns + 1));
+    float *dsa = malloc(sizeof(float) * (size_t)(rows * nb + 1));
+    const int64_t stride = (rows + 7) / 8 * 8 + 8;  /* rows of dat, padded: tiles read 8 lanes */
+    float *dat = calloc((size_t)(ns * stride), sizeof(float));
+    const int no_memory = !qa || !da || !dsa || !dat || (tiles && bits == 8 && !qu);
+    int failed = no_memory;  /* or a thread's tile buffers */
 #pragma omp parallel
     {
+        if (!no_memory) {
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++)
-            quantize_row(x + r * k, k, sb, qa + r * k, da + r * ns, dsa + r * nb);
-        if (path == 1) {
+            for (int64_t r = 0; r < rows; r++) {
+                quantize_row(x + r * k, k, sb, qa + r * k, da + r * ns, dsa + r * nb);
+                for (int64_t j = 0; j < ns; j++) dat[j * stride + r] = da[r * ns + j];
+                if (qu)  /* the activations + 128, unsigned, for vpdpbusd against signed weights */
+                    for (int64_t i = 0; i < k; i++) qu[r * k + i] = (int8_t)(qa[r * k + i] ^ 0x80);
+            }
+        }
+        if (no_memory) {
+        } else if (path == 1) {
 #pragma omp for schedule(static)
             for (int64_t o = 0; o < n; o++)
-                output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, da, dsa, n, o, 0, rows, y);
+                output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, 0, rows, y);
+#if QM_AVX512
+        } else if (tiles) {
+            packed_t pk = {aligned_alloc(64, (size_t)(nb * 8 * TOUT * 4)),
+                           aligned_alloc(64, (size_t)(nb * TOUT * 4)),
+                           aligned_alloc(64, (size_t)(nb * TOUT * 4)),
+                           aligned_alloc(64, (size_t)(ns * TOUT * 4)),
+                           aligned_alloc(64, (size_t)(nb * TOUT * 4))};
+            const int ok = pk.w && pk.sc && pk.wsum && pk.dsup && pk.mins;
+            if (!ok) {
+#pragma omp atomic write
+                failed = 1;
+            }
+            const int64_t full_rows = rows / TROWS * TROWS, blocks = full_rows ? n / TOUT : 0;
+#pragma omp for schedule(static)
+            for (int64_t ob = 0; ob < blocks; ob++) {
+                if (!ok) continue;
+                const int64_t o0 = ob * TOUT;
+                pack_outputs(bits, qs, sc, dsup, mins, k, sb, o0, &pk);
+                const int8_t *act = bits == 8 ? qu : qa;
+                for (int64_t r = 0; r < full_rows; r += TROWS) {
+                    if (bits == 4)
+                        tile_rows(4, &pk, k, sb, act + r * k, da + r * ns, dsa + r * nb, n, y + r * n + o0);
+                    else
+                        tile_rows(8, &pk, k, sb, act + r * k, da + r * ns, dsa + r * nb, n, y + r * n + o0);
+                }
+                for (int64_t o = o0; o < o0 + TOUT; o++)  /* the rows left over */
+                    output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, full_rows, rows, y);
+            }
+#pragma omp for schedule(static)
+            for (int64_t o = blocks * TOUT; o < n; o++)  /* the outputs left over */
+                output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, 0, rows, y);
+            free(pk.w), free(pk.sc), free(pk.wsum), free(pk.dsup), free(pk.mins);
+#endif
         } else {
             const int64_t blocks = (n + OUT_BLOCK - 1) / OUT_BLOCK;
 #pragma omp for schedule(static)
@@ -311,13 +514,13 @@ int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, cons
                 for (int64_t r0 = 0; r0 < rows; r0 += row_block) {
                     const int64_t r1 = r0 + row_block < rows ? r0 + row_block : rows;
                     for (int64_t o = o0; o < o1; o++)
-                        output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, da, dsa, n, o, r0, r1, y);
+                        output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, r0, r1, y);
                 }
             }
         }
     }
-    free(qa), free(da), free(dsa);
-    return 0;
+    free(qa), free(qu), free(da), free(dsa), free(dat);
+    return failed ? -1 : 0;
 }
 
 int q_sc_max(int bits) { return bits == 4 ? SC_MAX4 : SC_MAX8; }

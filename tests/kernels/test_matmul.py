@@ -21,7 +21,7 @@ def test_every_instruction_set_this_cpu_has_is_built_and_the_widest_is_chosen():
     for name in ISAS:
         assert kernels.qmatmul(name).q_isa() == kernels.ISA_CODES[name]
     assert kernels.isa() == ISAS[0]
-    if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= kernels.cpu_flags():
+    if {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"} <= kernels.cpu_flags():
         assert ISAS[0] == "avx512_vnni"
 
 
@@ -30,10 +30,10 @@ def batches(x: torch.Tensor, size: int) -> list[torch.Tensor]:
 
 
 def assert_row_invariant(call, x: torch.Tensor, singles: int) -> torch.Tensor:
-    """`call` on all of x at once, in batches of 3, 4 and 17, and on its first `singles` rows
+    """`call` on all of x at once, in batches of 3, 4, 17, 33 and 64, and on its first `singles` rows
     one at a time: every row's output identical. Returns the whole-batch output."""
     whole = call(x)
-    for size in (3, 4, 17):
+    for size in (3, 4, 17, 33, 64):
         assert torch.equal(torch.cat([call(b) for b in batches(x, size)]), whole), size
     for i in range(singles):
         assert torch.equal(call(x[i:i + 1]), whole[i:i + 1]), i
@@ -56,6 +56,7 @@ def test_quantized_rows_are_identical_alone_in_any_batch_and_on_every_path(isa, 
     w = torch.randn(37, 512, generator=g) * 0.05
     lin = NativeLinear(w, torch.randn(37, generator=g), bits, isa)
     x = activations(900, 512, seed=10 + bits)  # 900 rows: the prefill tiles by default
+    x[11] = 0.0  # an all-zero row
     whole = assert_row_invariant(lin, x, singles=40)
     for path in (1, 2):  # the decode loop and the prefill tiles, forced
         assert torch.equal(lin(x, path), whole), path

@@ -46,7 +46,7 @@ def reference(x: torch.Tensor, w: quant.NativeWeights) -> torch.Tensor:
 @pytest.mark.parametrize("isa", kernels.available_isas())
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("out_f, in_f", [(8, 64), (33, 192), (40, 128), (24, 576), (16, 1536)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 17])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 17, 40, 100])
 def test_kernel_equals_integer_reference(isa, bits, out_f, in_f, rows):
     """On every instruction set this CPU runs (relative error ≤ 1e-4 of the largest output
     against the float64 integer reference)."""
