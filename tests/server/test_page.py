@@ -245,9 +245,21 @@ def test_keyboard_labels_and_a_narrow_window(server, browser, shots):
 
 def test_a_lost_server_is_shown_as_a_readable_message(server, browser, shots):
     open_page(browser, server)
-    server.stop()  # last test: the module's server goes away
+    fill(browser, "temperature", "0")
+    fill(browser, "max-tokens", "900")
+    Select(browser.find_element(By.ID, "spec-mode")).select_by_value("off")  # one token a step
+    browser.find_element(By.ID, "message").send_keys("a long answer", Keys.ENTER)
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.assistant .answer .tok"))
+    assert last_answer_state(browser) == "streaming"
+    server.process.kill()  # last test: the module's server dies mid-answer
+    wait(browser, lambda d: last_answer_state(d) != "streaming")
+    assert last_answer_state(browser) == "error"
+    message = browser.find_elements(By.CSS_SELECTOR, ".msg.assistant .msg-error")[-1].text
+    assert "connection" in message.lower(), message
+    assert browser.find_elements(By.CSS_SELECTOR, ".msg.assistant .answer .tok")  # text kept
+    shots(browser, "page-lost-server")
+    # and a request to a server that is gone
     assert send_and_wait(browser, "anyone there?") == "error"
     message = browser.find_elements(By.CSS_SELECTOR, ".msg.assistant .msg-error")[-1].text
     assert "Lost the connection to the server" in message
     assert browser.find_element(By.ID, "composer").is_displayed()
-    shots(browser, "page-lost-server")
