@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.specserve-installed
 
-.PHONY: setup models demo test bench clean
+.PHONY: setup models browser demo test bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +18,17 @@ setup: $(STAMP)
 models: $(STAMP)
 	$(BIN)/specserve download
 
+# the page test drives a real headless Chromium (selenium comes with the test extra)
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	    apt-get install -y -qq --no-install-recommends chromium chromium-driver; } || \
+	  { echo "make: the page test needs Chromium and ChromeDriver (Debian: apt-get install chromium chromium-driver)"; exit 1; }
+
 demo: models
 	$(BIN)/specserve demo
 
-test: models
+test: models browser
 	$(BIN)/python -m pytest
 
 bench: models
