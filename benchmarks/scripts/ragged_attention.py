@@ -9,7 +9,7 @@ that run every implementation in turn.
 (b) prefill: one chunk of 512 and of 900 rows attending causally from position 0: masked SDPA
     (today's prefill path) against the ragged kernel.
 
-    python benchmarks/scripts/ragged_attention.py [rounds]
+    python benchmarks/scripts/ragged_attention.py [rounds] [threads]
 """
 
 from __future__ import annotations
@@ -130,8 +130,9 @@ def prefill(rows: int, rounds: int) -> None:
         print(f"    {name:26s} {t:8.2f} ms")
 
 
-def main(rounds: int = 15) -> None:
-    torch.set_num_threads(2)
+def main(rounds: int = 15, threads: int = 2) -> None:
+    torch.set_num_threads(threads)
+    print(f"{threads} threads, kernel built for {kernels.isa()}, medians of {rounds} rounds")
     assert kernels.attention() is not None, "native attention kernel unavailable here"
     decode_verify(rounds)
     for rows in (512, 900):
