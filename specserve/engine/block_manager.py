@@ -88,11 +88,11 @@ class BlockManager:
 
     def match_prefix(self, table: BlockTable, tokens: list[int], max_tokens: int) -> int:
         """Take the registered blocks that continue `table` over `tokens`, up to `max_tokens`
-        positions; returns the positions `table` now holds computed. Only for a table whose
-        blocks are all registered (a new or freed sequence)."""
-        assert len(table.blocks) == table.num_registered, "match_prefix on a table with private blocks"
+        positions; returns the positions `table` now holds computed. Only for an empty table
+        (a new or freed sequence)."""
+        assert not table.blocks, "match_prefix on a table that holds blocks"
         if not self.prefix_caching:
-            return len(table.blocks) * self.block_size
+            return 0
         bs = self.block_size
         while (len(table.blocks) + 1) * bs <= max_tokens:
             start = len(table.blocks) * bs

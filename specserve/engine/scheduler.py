@@ -93,10 +93,10 @@ class Scheduler:
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
             k = choose_k(seq, batch_size)
-            if not self._grow(seq, seq.num_cached + 1 + k, plan, release):
-                if k == 0 or not self._grow(seq, seq.num_cached + 1, plan, release):
-                    continue  # it preempted itself
-                k = 0
+            if k and not self.blocks.reserve(seq.table, seq.num_cached + 1 + k):
+                k = 0  # drafts are not worth preempting anyone
+            if not self._grow(seq, seq.num_cached + 1, plan, release):
+                continue  # it preempted itself
             plan.decode.append(seq)
             plan.ks.append(k)
         budget = self.max_num_batched_tokens - sum(k + 1 for k in plan.ks)

@@ -103,6 +103,7 @@ class DraftModelDrafter:
         self.max_catchup = max_catchup
         self.max_prefill_tokens = max_prefill_tokens
         self._seqs: dict[int, _DraftSeq] = {}  # by seq_id, in arrival order
+        self.prefix_hit_tokens = 0  # positions taken from the draft's prefix cache
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, seq: DraftSequence) -> None:
@@ -112,6 +113,7 @@ class DraftModelDrafter:
         state.seen = self.runner.match_prefix(state.table, seq.token_ids,
                                               len(seq.token_ids) - 1)
         self._seqs[seq.seq_id] = state
+        self.prefix_hit_tokens += state.seen
         self._check_caught_up(seq, state)
 
     def finish(self, seq: DraftSequence) -> None:
