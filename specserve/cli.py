@@ -42,10 +42,12 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DEFAULT_TARGET, help="alias, GGUF file or HF directory "
                    f"(default {DEFAULT_TARGET}; aliases: {', '.join(m.alias for m in MODELS)})")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    p.add_argument("--weights", default="bf16", choices=["bf16", "int8", "int4"],
-                   help="keep projections quantized in memory (int8/int4: native AVX2 kernels, "
-                        "float32 activations; PyTorch's kernels elsewhere)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
+                   help="auto: float32 on the native quantized kernels, else bfloat16")
+    p.add_argument("--weights", default="auto", choices=["auto", "bf16", "float32", "int8", "int4"],
+                   help="auto (default): a quantized GGUF file stays quantized on the native "
+                        "kernels (int4, its >4-bit tensors at 8 bits; float32 activations), a "
+                        "float checkpoint loads bf16; int8/int4 quantize any checkpoint")
     p.add_argument("--max-model-len", type=int, default=4096)
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--speculative-config", default=None,
@@ -212,9 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="target-only vs speculative decoding on the default pair")
     p.add_argument("--model", default=DEFAULT_TARGET)
     p.add_argument("--draft-model", default=DEFAULT_DRAFT)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--weights", default="int4", choices=["bf16", "int8", "int4"],
-                   help="int4 (default): the fast path, ~3x bf16's decode speed here")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    p.add_argument("--weights", default="auto", choices=["auto", "bf16", "float32", "int8", "int4"],
+                   help="auto (default): the default pair stays quantized (int4-style), the "
+                        "fast path, ~3x bf16's decode speed here")
     p.add_argument("--num-speculative-tokens", "-k", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--prompt-file", default=None)

@@ -29,10 +29,10 @@ class LLM:
     """E.g. `LLM("qwen2.5-coder-1.5b", speculative_config={"method": "draft_model",
     "model": "qwen2.5-coder-0.5b", "num_speculative_tokens": 4})`."""
 
-    def __init__(self, model: str | Path | LoadedModel = DEFAULT_TARGET, dtype: str = "bfloat16",
+    def __init__(self, model: str | Path | LoadedModel = DEFAULT_TARGET, dtype: str = "auto",
                  speculative_config: dict | SpeculativeConfig | None = None,
                  max_num_seqs: int = 8, max_model_len: int = 4096,
-                 draft: LoadedModel | None = None, weights: str = "bf16") -> None:
+                 draft: LoadedModel | None = None, weights: str = "auto") -> None:
         self.spec = SpeculativeConfig.from_dict(speculative_config)
         self.weights = weights
         self.target = model if isinstance(model, LoadedModel) else load_model(model, dtype, weights)

@@ -27,8 +27,8 @@ def add_parser(sub) -> None:
                    "instead of a suite")
     p.add_argument("--model", default=DEFAULT_TARGET)
     p.add_argument("--draft-model", default=DEFAULT_DRAFT)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--weights", default="bf16", choices=["bf16", "int8", "int4"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    p.add_argument("--weights", default="auto", choices=["auto", "bf16", "float32", "int8", "int4"])
     p.add_argument("--workloads", nargs="*", default=None, help="restrict to these workload names")
     p.add_argument("--list-workloads", action="store_true",
                    help="list the shipped workloads and exit")

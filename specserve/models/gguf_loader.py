@@ -12,10 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from gguf import GGML_QUANT_SIZES
 
 from specserve.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from specserve.models.dequant import dequantize
-from specserve.models.gguf_file import GGUFFile
+from specserve.models.gguf_file import GGUFFile, GGUFTensor
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -101,42 +102,55 @@ def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict, dict[s
     """Returns (config, metadata, weights with Hugging Face names in `dtype`)."""
     gguf_file = open_gguf(path)
     meta = read_metadata(gguf_file)
-    names = {t.name for t in gguf_file.tensors}
-    cfg = config_from_metadata(meta, names, path)
-    weights: dict[str, torch.Tensor] = {}
-    for tensor in gguf_file.tensors:
-        name = hf_name(tensor.name)
-        if name is None:
-            continue  # e.g. rope_freqs: not needed by this decoder
-        try:
-            w = dequantize(gguf_file.raw(tensor), tensor.qtype, tensor.shape, name=tensor.name)
-        except ValueError as e:  # e.g. a quantization type the decoder does not support
-            raise ValueError(f"{path}: {e}") from e
-        if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            w = unpermute(w, cfg.num_heads)
-        elif cfg.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            w = unpermute(w, cfg.num_kv_heads)
-        weights[name] = w.to(dtype)
-        del w
-    _check_complete(cfg, weights, path)
+    cfg = config_from_gguf(gguf_file, meta)
+    weights = {name: read_tensor(gguf_file, cfg, tensor, dtype)
+               for name, tensor in tensor_index(gguf_file).items()}
     return cfg, meta, weights
 
 
-def tensor_bits(path: Path) -> dict[str, float]:
+def config_from_gguf(gguf_file: GGUFFile, meta: dict) -> ModelConfig:
+    """The decoder's configuration, once the file is known to hold every tensor it needs."""
+    cfg = config_from_metadata(meta, {t.name for t in gguf_file.tensors}, gguf_file.path)
+    _check_complete(cfg, tensor_index(gguf_file), gguf_file.path)
+    return cfg
+
+
+def tensor_index(gguf_file: GGUFFile) -> dict[str, GGUFTensor]:
+    """The file's tensors this decoder uses, by Hugging Face name (e.g. rope_freqs is left out)."""
+    return {name: t for t in gguf_file.tensors if (name := hf_name(t.name)) is not None}
+
+
+def read_tensor(gguf_file: GGUFFile, cfg: ModelConfig, tensor: GGUFTensor,
+                dtype: torch.dtype) -> torch.Tensor:
+    """One tensor dequantized from the file's memory map into `dtype` (llama's Q/K rows
+    unpermuted)."""
+    try:
+        w = dequantize(gguf_file.raw(tensor), tensor.qtype, tensor.shape, name=tensor.name)
+    except ValueError as e:  # e.g. a quantization type the decoder does not support
+        raise ValueError(f"{gguf_file.path}: {e}") from e
+    name = hf_name(tensor.name) or ""
+    if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+        w = unpermute(w, cfg.num_heads)
+    elif cfg.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+        w = unpermute(w, cfg.num_kv_heads)
+    return w.to(dtype)
+
+
+def tensor_bits(path_or_file: Path | GGUFFile) -> dict[str, float]:
     """Bits per weight each tensor is stored with in the file, by Hugging Face name (Q4_K:
     4.5, Q6_K: 6.56, F16: 16, ...)."""
-    from gguf import GGML_QUANT_SIZES
-
-    bits = {}
-    for tensor in open_gguf(path).tensors:
-        name = hf_name(tensor.name)
-        if name is not None:
-            block, size = GGML_QUANT_SIZES[tensor.qtype]
-            bits[name] = 8.0 * size / block
-    return bits
+    gguf_file = path_or_file if isinstance(path_or_file, GGUFFile) else open_gguf(path_or_file)
+    return {name: 8.0 * GGML_QUANT_SIZES[t.qtype][1] / GGML_QUANT_SIZES[t.qtype][0]
+            for name, t in tensor_index(gguf_file).items()}
 
 
-def _check_complete(cfg: ModelConfig, weights: dict[str, torch.Tensor], path: Path) -> None:
+def is_quantized(source_bits: dict[str, float]) -> bool:
+    """Whether a file stores its projections quantized (below 16 bits per weight), so that
+    `weights="auto"` keeps them quantized."""
+    return any(bits < 16 for name, bits in source_bits.items() if name.endswith("_proj.weight"))
+
+
+def _check_complete(cfg: ModelConfig, weights: dict, path: Path) -> None:
     needed = ["model.embed_tokens.weight", "model.norm.weight"] + [
         f"model.layers.{i}.{n}" for i in range(cfg.num_layers)
         for n in _LAYER_NAMES.values() if cfg.attention_bias or not n.endswith("bias")]

@@ -1,25 +1,62 @@
 """Turn a model name (alias, GGUF file or Hugging Face directory) into a ready decoder and its
-tokenizer."""
+tokenizer.
+
+`weights="auto"` (the default) follows the source: a GGUF file whose projections are stored
+quantized stays quantized on the native kernels, int4-style (what the file stores above
+`FOUR_BIT_SOURCE_MAX` bits per weight, e.g. the Q6_K head of a Q4_K_M file, at 8 bits); a
+float GGUF file or a Hugging Face directory loads dense, in bfloat16 (float32 when `dtype`
+says so). Where the native kernels cannot run, "auto" loads dense bfloat16. `dtype="auto"`
+follows the weights: float32 for the native kernels (their activations are float32; the
+embedding and norms are kept in float32 too), bfloat16 for dense weights.
+
+A GGUF file on the native kernels is repacked once, layer by layer straight from its memory
+map (the float weights of one layer at a time, never the whole model), and the result is
+kept in the weight cache (`weight_cache.py`); later loads map it from there in well under a
+second.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
+import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from specserve import kernels
+from specserve.models import dequant
 from specserve.models import tokenizer as tok
+from specserve.models import weight_cache
 from specserve.models.config import ModelConfig
-from specserve.models.gguf_loader import load_gguf, tensor_bits
-from specserve.models.quant import FORMATS, quantize_linears
+from specserve.models.gguf_file import GGUFFile
+from specserve.models.gguf_loader import (config_from_gguf, is_quantized, open_gguf, read_metadata,
+                                          read_tensor, tensor_bits, tensor_index, unpermute)
 from specserve.models.hf_loader import load_hf_dir
-from specserve.models.registry import resolve_model
-from specserve.models.transformer import Transformer
+from specserve.models.quant import (FORMATS, FOUR_BIT_SOURCE_MAX, NATIVE_LAYOUT_VERSION,
+                                    QUANTIZED_FORMATS, NativeLinear, NativeWeights, head_source,
+                                    layer_projections,
+                                    native_weights_from_tensors, native_weights_to_tensors,
+                                    projection_width, quantize_layer, quantize_linear,
+                                    quantize_linears, quantize_native, super_block)
+from specserve.models.registry import resolve_model, weights_dir
+from specserve.models.transformer import Layer, Linear, Transformer
 
-DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
-          "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
+log = logging.getLogger(__name__)
+
+# "auto" (None): follow the weights (see the module docstring).
+DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+          "fp16": torch.float16}
+_DENSE_NAMES = {torch.bfloat16: "bf16", torch.float32: "float32", torch.float16: "float16"}
+# The code whose output the weight cache stores (besides NATIVE_LAYOUT_VERSION, which the
+# kernels' owner bumps): an edit to any of these rebuilds the entries.
+_CACHED_CODE = (dequant, unpermute, read_tensor, NativeWeights, quantize_native,
+                NativeLinear.__init__, projection_width, quantize_linear, quantize_layer, Layer)
 
 
 @dataclass(frozen=True)
@@ -29,38 +66,89 @@ class LoadedModel:
     config: ModelConfig
     path: Path
     load_seconds: float
-    weights: str = "bf16"  # "bf16" (the dtype as loaded) | "int8" | "int4"
+    weights: str = "bf16"  # as loaded: "bf16" | "float32" | "float16" (dense) | "int8" | "int4"
+    cache_hit: bool = False  # the repacked weights were mapped from the weight cache
 
 
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """A torch dtype, or None for "auto"."""
+    if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]
 
 
-def load_model(name: str | Path, dtype: str | torch.dtype = "bfloat16",
-               weights: str = "bf16") -> LoadedModel:
-    """`weights="int8"|"int4"` keeps the projections quantized in memory (bfloat16 activations)."""
-    torch_dtype = parse_dtype(dtype)
+def resolve_format(weights: str, quantized_source: bool, native: bool) -> str:
+    """What `weights` means for a source: "auto" → "int4" for a quantized file on the native
+    kernels, else "bf16" (dense)."""
+    if weights != "auto":
+        return weights
+    return "int4" if quantized_source and native else "bf16"
+
+
+def resolve_dtype(dtype: torch.dtype | None, fmt: str, native: bool) -> torch.dtype:
+    """The dtype the tensors are read into (see the module docstring)."""
+    if fmt == "float32":
+        return torch.float32
+    if dtype is not None:
+        return dtype
+    return torch.float32 if fmt in QUANTIZED_FORMATS and native else torch.bfloat16
+
+
+def load_model(name: str | Path, dtype: str | torch.dtype = "auto", weights: str = "auto",
+               weight_cache: bool = True) -> LoadedModel:
+    """`weights`: one of `FORMATS` (see the module docstring); `weight_cache=False` repacks
+    without reading or writing the weight cache."""
     if weights not in FORMATS:
         raise ValueError(f"weights must be one of {FORMATS}, got {weights!r}")
+    requested = parse_dtype(dtype)
+    if weights == "float32" and requested not in (None, torch.float32):
+        raise ValueError(f"weights='float32' loads float32; dtype must be 'auto' or 'float32', "
+                         f"got {dtype!r}")
     path = resolve_model(str(name))
     start = time.perf_counter()
+    native = kernels.qmatmul() is not None
+    hit = False
     if path.is_dir():
+        fmt = resolve_format(weights, False, native)
+        torch_dtype = resolve_dtype(requested, fmt, native)
         cfg, raw, tensors = load_hf_dir(path, torch_dtype)
         tokenizer = tok.from_hf_dir(path, _eos_ids(path, raw))
+        model = Transformer(cfg, tensors)
+        del tensors
+        quantize_linears(model, fmt)
     elif path.suffix == ".gguf" or path.is_file():
-        cfg, meta, tensors = load_gguf(path, torch_dtype)
-        tokenizer = tok.from_gguf_metadata(meta)
+        gguf_file = open_gguf(path)
+        meta = read_metadata(gguf_file)
+        cfg = config_from_gguf(gguf_file, meta)
+        bits = tensor_bits(gguf_file)
+        fmt = resolve_format(weights, is_quantized(bits), native)
+        torch_dtype = resolve_dtype(requested, fmt, native)
+        if fmt in QUANTIZED_FORMATS and native and _fits_native(cfg):
+            slot = _cache_slot(path, fmt, torch_dtype) if weight_cache else None
+            # The entry's checks (memory-bound, outside the GIL) overlap the tokenizer's build.
+            with ThreadPoolExecutor(1) as pool:
+                pending = pool.submit(_read_entry, slot)
+                tokenizer = tok.from_gguf_metadata(meta)
+                entry = pending.result()
+            model, hit = _load_native(gguf_file, cfg, bits, fmt, torch_dtype, slot, entry)
+        else:
+            tokenizer = tok.from_gguf_metadata(meta)
+            index = tensor_index(gguf_file)
+            model = Transformer(cfg, {n: read_tensor(gguf_file, cfg, t, torch_dtype)
+                                      for n, t in index.items()})
+            quantize_linears(model, fmt, bits)
     else:
         raise ValueError(f"{path}: neither a GGUF file nor a Hugging Face directory")
-    model = Transformer(cfg, tensors)
-    del tensors
-    bits = tensor_bits(path) if weights != "bf16" and not path.is_dir() else None
-    quantize_linears(model, weights, bits)
-    return LoadedModel(model, tokenizer, cfg, path, time.perf_counter() - start, weights)
+    label = fmt if fmt in QUANTIZED_FORMATS else _DENSE_NAMES.get(model.dtype, "bf16")
+    return LoadedModel(model, tokenizer, cfg, path, time.perf_counter() - start, label, hit)
+
+
+def _fits_native(cfg: ModelConfig) -> bool:
+    """Whether every projection's input width suits the native kernel's super-blocks."""
+    widths = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim)
+    return all(super_block(w) is not None for w in widths)
 
 
 def _eos_ids(path: Path, raw: dict) -> list[int]:
@@ -70,3 +158,142 @@ def _eos_ids(path: Path, raw: dict) -> list[int]:
         value = source.get("eos_token_id")
         ids += value if isinstance(value, list) else [value] if value is not None else []
     return ids
+
+
+# ------------------------------------------------------------------ native, with the weight cache
+def _is_projection(name: str) -> bool:
+    """Tensors that end up inside a quantized layer (weights, and the q/k/v biases)."""
+    return name.endswith(("_proj.weight", "_proj.bias")) or name == "lm_head.weight"
+
+
+def _cache_slot(source: Path, fmt: str, dtype: torch.dtype) -> tuple[Path, dict]:
+    """(entry file, key) of the weight cache for `source` repacked as `fmt` in `dtype`."""
+    directory = weights_dir()
+    key = _cache_key(source, directory, fmt, dtype)
+    label = f"{fmt}-{str(dtype).removeprefix('torch.')}"
+    return weight_cache.entry_path(directory, source, label, key), key
+
+
+def _read_entry(slot: tuple[Path, dict] | None) -> weight_cache.CacheEntry | None:
+    return weight_cache.read(*slot) if slot is not None else None
+
+
+def _load_native(gguf_file: GGUFFile, cfg: ModelConfig, bits: dict[str, float], fmt: str,
+                 dtype: torch.dtype, slot: tuple[Path, dict] | None,
+                 entry: weight_cache.CacheEntry | None) -> tuple[Transformer, bool]:
+    """The model with `fmt` projections on the native kernels: from the verified cache
+    `entry` when there is one (True), else repacked from the file (False) and, with a cache
+    `slot`, written there."""
+    index = tensor_index(gguf_file)
+    shapes = {n: t.shape for n, t in index.items() if _is_projection(n)}
+    if entry is not None:
+        model = _from_entry(cfg, entry, shapes)
+        if model is not None:
+            return model, True
+        log.warning("weight cache %s does not fit this model; rebuilding it", entry.path)
+    weight_cache.say(f"repacking {gguf_file.path.name} for the native kernels ({fmt}; once: "
+                     f"{'then cached' if slot else 'cache off'})")
+    model, dense = _repack(gguf_file, cfg, index, shapes, bits, fmt, dtype)
+    if slot is not None:
+        tensors, meta = _pack(model, dense)
+        try:
+            weight_cache.write(slot[0], slot[1], tensors, meta)
+        except OSError as e:
+            log.warning("cannot write the weight cache %s (%s); the next load repacks again",
+                        slot[0], e)
+    return model, False
+
+
+def _cache_key(source: Path, directory: Path, fmt: str, dtype: torch.dtype) -> dict:
+    """Everything the repacked weights depend on."""
+    lib = kernels.qmatmul()
+    code = hashlib.sha256()
+    for obj in (*_CACHED_CODE, _repack):
+        code.update(inspect.getsource(obj).encode())
+    return {"cache_version": weight_cache.CACHE_VERSION,
+            "source_sha256": weight_cache.source_sha256(source, directory),
+            "format": fmt, "dtype": str(dtype), "layout": NATIVE_LAYOUT_VERSION,
+            "sc_max": [lib.q_sc_max(4), lib.q_sc_max(8)],
+            "four_bit_source_max": FOUR_BIT_SOURCE_MAX, "code": code.hexdigest()}
+
+
+def _skeleton(cfg: ModelConfig, dense: dict[str, torch.Tensor],
+              shapes: dict[str, tuple[int, ...]]) -> Transformer:
+    """A `Transformer` whose projections are shape-only placeholders (meta tensors, which
+    any use would refuse) until the quantized layers replace them."""
+    weights = dict(dense)
+    for name, shape in shapes.items():
+        weights[name] = torch.empty(shape, device="meta")
+    return Transformer(cfg, weights)
+
+
+def _repack(gguf_file: GGUFFile, cfg: ModelConfig, index: dict, shapes: dict,
+            bits: dict[str, float], fmt: str, dtype: torch.dtype
+            ) -> tuple[Transformer, dict[str, torch.Tensor]]:
+    """Dequantize and requantize layer by layer; returns the model and its dense tensors."""
+    dense = {n: read_tensor(gguf_file, cfg, t, dtype) for n, t in index.items()
+             if not _is_projection(n)}
+    model = _skeleton(cfg, dense, shapes)
+    with weight_cache.progress_bar(cfg.num_layers + 1, f"repack {fmt}", "layer") as bar:
+        for i in range(cfg.num_layers):
+            prefix = f"model.layers.{i}"
+            layer_weights = {n: dense[n] if n in dense else read_tensor(gguf_file, cfg, t, dtype)
+                             for n, t in index.items() if n.startswith(prefix + ".")}
+            layer = Layer(cfg, layer_weights, prefix)
+            del layer_weights
+            quantize_layer(layer, i, fmt, bits, native=True)
+            model.layers[i] = layer
+            bar.update(1)
+        head = head_source(bits)
+        head_weight = dense[head] if head in dense else read_tensor(gguf_file, cfg, index[head], dtype)
+        model.lm_head = quantize_linear(Linear(head_weight), projection_width(fmt, [head], bits),
+                                        native=True)
+        bar.update(1)
+    model.act_dtype = torch.float32  # the native kernels take float32
+    return model, dense
+
+
+def _native_linears(model: Transformer) -> dict[str, NativeLinear]:
+    """Every quantized layer of `model` by attribute path ("layers.3.qkv", "lm_head")."""
+    out = {f"layers.{i}.{attr}": getattr(layer, attr) for i, layer in enumerate(model.layers)
+           for attr in layer_projections(i)}
+    out["lm_head"] = model.lm_head
+    return out
+
+
+def _pack(model: Transformer, dense: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """The tensors and meta of a cache entry for `model`."""
+    tensors = {f"dense.{n}": t for n, t in dense.items()}
+    linears = {}
+    for where, lin in _native_linears(model).items():
+        fields, plain = native_weights_to_tensors(lin.w)
+        tensors.update({f"linear.{where}.{f}": t for f, t in fields.items()})
+        if lin.bias is not None:
+            tensors[f"linear.{where}.bias"] = lin.bias
+        linears[where] = {"plain": plain, "tensors": sorted(fields), "bias": lin.bias is not None}
+    return tensors, {"dense": sorted(dense), "linears": linears}
+
+
+def _from_entry(cfg: ModelConfig, entry: weight_cache.CacheEntry,
+                shapes: dict[str, tuple[int, ...]]) -> Transformer | None:
+    """The model from a verified cache entry; None if the entry does not fit `cfg`."""
+    t, meta = entry.tensors, entry.meta
+    dense = {n: t[f"dense.{n}"] for n in meta["dense"]}
+    try:
+        model = _skeleton(cfg, dense, shapes)
+    except (KeyError, RuntimeError):
+        return None
+    expected = set(_native_linears(model))
+    if set(meta["linears"]) != expected:
+        return None
+    for where, spec in meta["linears"].items():
+        w = native_weights_from_tensors(
+            {f: t[f"linear.{where}.{f}"] for f in spec["tensors"]}, spec["plain"])
+        lin = NativeLinear.from_weights(w, t[f"linear.{where}.bias"] if spec["bias"] else None)
+        if where == "lm_head":
+            model.lm_head = lin
+        else:
+            _, i, attr = where.split(".")
+            setattr(model.layers[int(i)], attr, lin)
+    model.act_dtype = torch.float32
+    return model

@@ -22,13 +22,17 @@ channel); their cost grows about linearly with the rows.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from specserve import kernels
 
-FORMATS = ("bf16", "int8", "int4")
+# The `weights=` choices: "auto" follows the source (a quantized GGUF file stays quantized,
+# int4-style; float sources load dense), "bf16"/"float32" load dense, "int8"/"int4" quantize.
+FORMATS = ("auto", "bf16", "float32", "int8", "int4")
+QUANTIZED_FORMATS = ("int8", "int4")
 INT4_GROUP = 32
 
 
@@ -61,6 +65,12 @@ def super_block(in_features: int) -> int | None:
     return next((sb for sb in SUPER_BLOCKS if in_features % sb == 0), None)
 
 
+# The version of `NativeWeights`' layout: bump it whenever its fields, or how the kernels read
+# them, change. The weight cache (`weight_cache.py`) keys its files by it, so weights repacked
+# in an older layout are rebuilt, never read.
+NATIVE_LAYOUT_VERSION = "1"
+
+
 @dataclass(frozen=True, slots=True)
 class NativeWeights:
     """Weights in the native kernel's layout (see `specserve/kernels/qmatmul.c`)."""
@@ -85,6 +95,24 @@ class NativeWeights:
         if self.mins is not None:
             w = w + self.mins.float()[..., None]
         return w.reshape(out_f, -1)
+
+
+def native_weights_to_tensors(w: NativeWeights) -> tuple[dict[str, torch.Tensor], dict]:
+    """Split `w` into its tensor fields and its plain fields (ints, None), for the weight
+    cache; every field of the dataclass goes into one or the other."""
+    tensors, plain = {}, {}
+    for f in dataclasses.fields(w):
+        value = getattr(w, f.name)
+        if isinstance(value, torch.Tensor):
+            tensors[f.name] = value
+        else:
+            plain[f.name] = value
+    return tensors, plain
+
+
+def native_weights_from_tensors(tensors: dict[str, torch.Tensor], plain: dict) -> NativeWeights:
+    """Inverse of `native_weights_to_tensors`."""
+    return NativeWeights(**plain, **tensors)
 
 
 def quantize_native(w: torch.Tensor, bits: int, sc_max: int) -> NativeWeights:
@@ -133,6 +161,20 @@ class NativeLinear:
         self.out_features, self.in_features = weight.shape
         self.w = quantize_native(weight, bits, self._lib.q_sc_max(bits))
         self.bias = bias.float() if bias is not None else None
+
+    @classmethod
+    def from_weights(cls, w: NativeWeights, bias: torch.Tensor | None,
+                     isa: str | None = None) -> "NativeLinear":
+        """A layer over weights already in the kernel's layout (the weight cache's path: no
+        quantization). `w` and `bias` must be what a layer built by `__init__` holds."""
+        layer = cls.__new__(cls)
+        layer._lib = kernels.qmatmul(isa)
+        if layer._lib is None:
+            raise RuntimeError("the native quantized kernels are not available on this machine")
+        layer.out_features, layer.in_features = w.qs.shape[0], w.sc.shape[1] * INT4_GROUP
+        layer.w = w
+        layer.bias = bias.float() if bias is not None else None
+        return layer
 
     def __call__(self, x: torch.Tensor, path: int = 0) -> torch.Tensor:
         """`path` (tests, benchmarks): 0 lets the kernel choose, 1 forces its decode loop
@@ -200,33 +242,58 @@ _SOURCES = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
 FOUR_BIT_SOURCE_MAX = 5.0
 
 
+def projection_width(fmt: str, sources: list[str], source_bits: dict[str, float]) -> int:
+    """Bits a projection gets under `fmt` ("int8" | "int4"): int4 keeps at 8 bits what the
+    file stores with more than `FOUR_BIT_SOURCE_MAX` bits per weight."""
+    wide = max((source_bits.get(n, 0.0) for n in sources), default=0.0) > FOUR_BIT_SOURCE_MAX
+    return 8 if fmt == "int8" or wide else 4
+
+
+def quantize_linear(lin, width: int, native: bool):
+    """One `Linear` as a 4- or 8-bit layer: the native kernel's where it runs and the input
+    width suits it, else PyTorch's packed kernels."""
+    if native and super_block(lin.weight.shape[1]) is not None:
+        return NativeLinear(lin.weight, lin.bias, width)
+    return (Int8Linear if width == 8 else Int4Linear)(lin.weight, lin.bias)
+
+
+def layer_projections(index: int) -> dict[str, list[str]]:
+    """Attribute of decoder layer `index` → the checkpoint tensors (Hugging Face names) behind it."""
+    return {attr: [f"model.layers.{index}.{src}.weight" for src in sources]
+            for attr, sources in _SOURCES.items()}
+
+
+def head_source(source_bits: dict[str, float]) -> str:
+    """The checkpoint tensor behind the output head (the embedding when tied)."""
+    return "lm_head.weight" if "lm_head.weight" in source_bits else "model.embed_tokens.weight"
+
+
+def quantize_layer(layer, index: int, fmt: str, source_bits: dict[str, float],
+                   native: bool) -> None:
+    """Replace every projection of decoder layer `index` by `fmt` ("int8" | "int4")."""
+    for attr, names in layer_projections(index).items():
+        width = projection_width(fmt, names, source_bits)
+        setattr(layer, attr, quantize_linear(getattr(layer, attr), width, native))
+
+
 def quantize_linears(model, fmt: str, source_bits: dict[str, float] | None = None) -> None:
-    """Replace every projection of `model` (a `Transformer`) and its output head by `fmt`.
+    """Replace every projection of `model` (a `Transformer`) and its output head by `fmt`
+    ("bf16" and "float32" leave it dense).
 
     `source_bits` (Hugging Face name → bits per weight in the file) lets int4 keep tensors the
     file stores above 4 bits at 8 bits; without it (a float checkpoint) all become int4."""
-    if fmt not in FORMATS:
-        raise ValueError(f"weights must be one of {FORMATS}, got {fmt!r}")
-    if fmt == "bf16":
+    if fmt not in FORMATS or fmt == "auto":
+        raise ValueError(f"weights must be one of {FORMATS[1:]} here, got {fmt!r}")
+    if fmt not in QUANTIZED_FORMATS:
         return
     native = kernels.qmatmul() is not None
     if not native and model.dtype != torch.bfloat16:
         raise ValueError(f"weights={fmt!r} runs with bfloat16 activations here (no native "
                          f"kernel); load with dtype='bfloat16'")
     bits = source_bits or {}
-
-    def make(lin, sources: list[str]):
-        wide = max((bits.get(n, 0.0) for n in sources), default=0.0) > FOUR_BIT_SOURCE_MAX
-        width = 8 if fmt == "int8" or wide else 4
-        if native and super_block(lin.weight.shape[1]) is not None:
-            return NativeLinear(lin.weight, lin.bias, width)
-        return (Int8Linear if width == 8 else Int4Linear)(lin.weight, lin.bias)
-
     for i, layer in enumerate(model.layers):
-        for name, sources in _SOURCES.items():
-            names = [f"model.layers.{i}.{src}.weight" for src in sources]
-            setattr(layer, name, make(getattr(layer, name), names))
-    head = "lm_head.weight" if "lm_head.weight" in bits else "model.embed_tokens.weight"
-    model.lm_head = make(model.lm_head, [head])
+        quantize_layer(layer, i, fmt, bits, native)
+    head = head_source(bits)
+    model.lm_head = quantize_linear(model.lm_head, projection_width(fmt, [head], bits), native)
     if native:  # the native kernels take float32: keep the residual stream in float32
         model.act_dtype = torch.float32

@@ -30,9 +30,10 @@ def add_parser(sub) -> None:
                    f"(default {DEFAULT_TARGET})")
     p.add_argument("--served-model-name", default=None, help="the name clients send as `model` "
                    "(default: --model as given)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
-    p.add_argument("--weights", default="int4", choices=["bf16", "int8", "int4"],
-                   help="projections kept quantized in memory (default int4: the fast path)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"])
+    p.add_argument("--weights", default="auto", choices=["auto", "bf16", "float32", "int8", "int4"],
+                   help="auto (default, the fast path): a quantized GGUF file stays quantized "
+                        "(int4-style), a float checkpoint loads bf16")
     g = p.add_argument_group("speculative decoding (default: draft model "
                              f"{DEFAULT_DRAFT}, cost-aware k, lossless)")
     g.add_argument("--draft-model", default=None, help="the draft: alias, GGUF file or HF directory")

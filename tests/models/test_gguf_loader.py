@@ -30,7 +30,8 @@ def test_gguf_loads_to_same_logits_as_hf_directory(tmp_path, arch, types):
     hf_model = tiny.build_hf_model(arch, hidden_size=256, intermediate_size=512)
     gguf_path, hf_dir = tiny.write_gguf_pair(hf_model, arch, types, tmp_path / "m.gguf", tmp_path / "hf")
     ids = [5, 17, 33, 8, 90, 41, 3, 60]
-    from_gguf, from_hf = load_model(gguf_path, "float32"), load_model(hf_dir, "float32")
+    from_gguf = load_model(gguf_path, "float32", weights="float32")  # dense, as the HF side
+    from_hf = load_model(hf_dir, "float32")
     eps = from_hf.config.rms_norm_eps  # GGUF stores it as float32
     assert dataclasses.replace(from_gguf.config, rms_norm_eps=eps) == from_hf.config
     assert from_gguf.config.rms_norm_eps == pytest.approx(eps, rel=1e-6)

@@ -24,7 +24,7 @@ def bf16_figure(text):
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        m = load_model(real_model_path("qwen2.5-coder-1.5b"), "bfloat16")
+        m = load_model(real_model_path("qwen2.5-coder-1.5b"), "bfloat16", weights="bf16")
         ids = m.tokenizer.encode(text)
         assert len(ids) >= 1800
         return ids, perplexity(m.model, ids)

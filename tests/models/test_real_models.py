@@ -31,7 +31,7 @@ def hf_reference(path):
 @pytest.mark.parametrize("alias", ["smollm2-135m", "qwen2.5-coder-0.5b"])
 def test_greedy_continuation_equals_transformers(alias, two_threads):
     path = real_model_path(alias)
-    ours = load_model(path, "float32")
+    ours = load_model(path, "float32", weights="float32")
     hf_model, hf_tok = hf_reference(path)
     ids = ours.tokenizer.encode(PROMPT)
     assert ids == hf_tok(PROMPT, add_special_tokens=False)["input_ids"]

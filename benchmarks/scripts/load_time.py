@@ -1,0 +1,75 @@
+"""Cold and warm load times of the default pair with the default `weights="auto"` (int4-style
+on the native kernels), each load in a fresh process as a user's command would run it.
+
+Cold: the weight cache is empty (a temporary `$SPECSERVE_CACHE` whose `models` and `kernels`
+link to the real ones, so only the repacked weights are missing); the load repacks and writes
+the cache. Warm: the loads after it, which map the cache. Each figure is the wall time of the
+`load_model` call (imports excluded); warm figures are medians of `--repeats` processes, the
+two models' processes taking turns.
+
+    python benchmarks/scripts/load_time.py [--repeats 5] [--models qwen2.5-coder-1.5b ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir
+
+CHILD = """
+import json, sys, time, torch
+torch.set_num_threads(2)
+from specserve.models.loader import load_model
+start = time.perf_counter()
+m = load_model(sys.argv[1])
+print(json.dumps({"seconds": time.perf_counter() - start, "cache_hit": m.cache_hit,
+                  "weights": m.weights}))
+"""
+
+
+def load_once(name: str, env: dict) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, name], env=env, check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=[DEFAULT_TARGET, DEFAULT_DRAFT])
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args()
+    real = cache_dir()
+    with tempfile.TemporaryDirectory(prefix="specserve-load-") as tmp:
+        for sub in ("models", "kernels"):
+            os.symlink(real / sub, Path(tmp) / sub)
+        env = dict(os.environ, SPECSERVE_CACHE=tmp)
+        cold = {name: load_once(name, env) for name in args.models}
+        warm: dict[str, list[dict]] = {name: [] for name in args.models}
+        for _ in range(args.repeats):
+            for name in args.models:
+                warm[name].append(load_once(name, env))
+        sizes = {f.name: f.stat().st_size for f in (Path(tmp) / "weights").glob("*.weights")}
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    result = {"models": {}, "cache_files_bytes": sizes, "loadavg": load}
+    for name in args.models:
+        assert not cold[name]["cache_hit"] and all(w["cache_hit"] for w in warm[name])
+        secs = [w["seconds"] for w in warm[name]]
+        result["models"][name] = {"weights": cold[name]["weights"],
+                                  "cold_s": round(cold[name]["seconds"], 2),
+                                  "warm_median_s": round(statistics.median(secs), 2),
+                                  "warm_s": [round(s, 2) for s in secs]}
+    result["pair_warm_median_s"] = round(sum(m["warm_median_s"]
+                                             for m in result["models"].values()), 2)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
