@@ -14,12 +14,13 @@ from pathlib import Path
 from specserve.engine.calibration import calibrate
 from specserve.engine.engine import EngineConfig, LLMEngine
 from specserve.engine.outputs import RequestOutput
-from specserve.engine.runner import ModelRunner
+from specserve.engine.runner import ModelRunner, build_runners
+from specserve.inputs import check_conversations, check_generate_inputs, check_llm_args
 from specserve.models.loader import LoadedModel, load_model
 from specserve.models.registry import DEFAULT_TARGET
 from specserve.models.tokenizer import Tokenizer
-from specserve.sampling.params import SamplingParams
-from specserve.speculative.config import SpeculativeConfig
+from specserve.sampling.params import SamplingParams, require_bool
+from specserve.speculative.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from specserve.speculative.draft_model import DraftModelDrafter
 from specserve.speculative.drafter import Drafter
 from specserve.speculative.ngram import NgramDrafter
@@ -32,15 +33,30 @@ class LLM:
     def __init__(self, model: str | Path | LoadedModel = DEFAULT_TARGET, dtype: str = "auto",
                  speculative_config: dict | SpeculativeConfig | None = None,
                  max_num_seqs: int = 8, max_model_len: int = 4096,
-                 draft: LoadedModel | None = None, weights: str = "auto") -> None:
-        self.spec = SpeculativeConfig.from_dict(speculative_config)
+                 draft: LoadedModel | None = None, weights: str = "auto",
+                 kv_cache_memory: int | None = None, max_num_batched_tokens: int = 256) -> None:
+        self.spec = check_llm_args(model, dtype, speculative_config, max_num_seqs, max_model_len,
+                                   draft, weights)  # before anything loads
+        EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                     max_num_batched_tokens=max_num_batched_tokens,
+                     kv_cache_memory=kv_cache_memory)  # its checks, before anything loads
         self.weights = weights
         self.target = model if isinstance(model, LoadedModel) else load_model(model, dtype, weights)
         max_len = min(max_model_len, self.target.config.max_position)
-        config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_len)
+        config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_len,
+                              max_num_batched_tokens=max_num_batched_tokens,
+                              kv_cache_memory=kv_cache_memory)
         self.draft = draft
-        drafter = self._build_drafter(dtype, config) if self.spec else None
-        runner = ModelRunner(self.target.model, max_num_seqs, max_len)
+        if self.spec is not None and self.spec.method == "draft_model":
+            self._load_draft(dtype)
+        # KV blocks by budget, the same number for the target and the draft; one sequence of
+        # max_model_len positions plus a round's drafts must fit
+        runner, draft_runner = build_runners(
+            self.target.model,
+            self.draft.model if self.spec is not None and self.spec.method == "draft_model" else None,
+            config.kv_cache_memory, config.block_size, max_len + MAX_SPECULATIVE_TOKENS + 1,
+            config.enable_prefix_caching)
+        drafter = self._build_drafter(draft_runner, config) if self.spec else None
         self.engine = LLMEngine(runner, self.target.tokenizer, config, self.spec, drafter)
         if self.spec is not None and self.spec.policy_name == "cost_aware" \
                 and self.spec.num_speculative_tokens != 0:
@@ -51,16 +67,18 @@ class LLM:
     def tokenizer(self) -> Tokenizer:
         return self.target.tokenizer
 
-    def _build_drafter(self, dtype: str, config: EngineConfig) -> Drafter:
+    def _load_draft(self, dtype: str) -> None:
+        if self.draft is None:
+            self.draft = load_model(self.spec.model, self.spec.draft_dtype or dtype, self.weights)
+        check_same_vocabulary(self.target.tokenizer, self.draft.tokenizer)
+
+    def _build_drafter(self, draft_runner: ModelRunner | None, config: EngineConfig) -> Drafter:
         spec = self.spec
         if spec.method == "ngram":
             return NgramDrafter(spec.num_speculative_tokens if spec.num_speculative_tokens >= 0
                                 else spec.max_k, spec.prompt_lookup_max, spec.prompt_lookup_min)
-        if self.draft is None:
-            self.draft = load_model(spec.model, spec.draft_dtype or dtype, self.weights)
-        check_same_vocabulary(self.target.tokenizer, self.draft.tokenizer)
-        runner = ModelRunner(self.draft.model, config.max_num_seqs, config.max_model_len)
-        return DraftModelDrafter(runner, self.target.config.vocab_size)
+        return DraftModelDrafter(draft_runner, self.target.config.vocab_size,
+                                 max_prefill_tokens=config.max_num_batched_tokens)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
@@ -73,18 +91,14 @@ class LLM:
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
              add_generation_prompt: bool = True) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation (or a list of them) and generate."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        conversations = check_conversations(messages)
+        require_bool("add_generation_prompt", add_generation_prompt)
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt) for c in conversations]
         return self._generate(self._prepare(prompts, sampling_params))
 
     def _prepare(self, prompts, sampling_params) -> list[tuple[list[int], SamplingParams, str | None]]:
         """Check, encode and validate every prompt of a call; raises before anything is queued."""
-        batch = [prompts] if isinstance(prompts, str) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)) else prompts
-        params = sampling_params if sampling_params is not None else SamplingParams()
-        params = params if isinstance(params, list) else [params] * len(batch)
-        if len(params) != len(batch):
-            raise ValueError("sampling_params must be one SamplingParams or one per prompt")
+        batch, params = check_generate_inputs(prompts, sampling_params)
         requests = []
         for i, (prompt, p) in enumerate(zip(batch, params)):
             ids = self._encode(prompt)

@@ -1,5 +1,5 @@
 """Toy models whose exact continuation distribution is computable: bigram tables behind the
-model interface (`cfg.vocab_size`, `new_cache`, `forward`)."""
+model interface (`cfg.vocab_size`, `new_pool`, `forward`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specserve.engine.kv_cache import KVCache
+from specserve.models.kv_cache import KVCache
 from specserve.models.transformer import ForwardBatch
 
 
@@ -24,13 +24,16 @@ class BigramModel:
         self.table = table / table.sum(-1, keepdim=True)  # [vocab, vocab]
         self.cfg = _Cfg(table.shape[0])
 
-    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
-        return KVCache(1, num_slots, 1, max_len, 1, torch.float32)
+    def new_pool(self, num_blocks: int, block_size: int = 16) -> KVCache:
+        return KVCache(1, num_blocks, 1, block_size, 1, torch.float32)
+
+    def kv_bytes_per_token(self) -> int:
+        return 8
 
     def forward(self, batch: ForwardBatch, cache: KVCache, last_n=None) -> list[torch.Tensor]:
         wanted = last_n if last_n is not None else batch.lengths
         out = []
-        for row, n, m in zip(batch.tokens, batch.lengths, wanted):
+        for row, n, m in zip(batch.tokens.split(batch.lengths), batch.lengths, wanted):
             out.append(self.table[row[n - m:n]].log())  # [m, vocab]
         return out
 
@@ -105,14 +108,15 @@ class ToyTokenizer:
 
 
 def toy_engine(P, Q, k: int, budget: float = 0.0, bonus: bool = True, max_num_seqs: int = 64,
-               eos: int | None = None, max_len: int = 64, method: str = "draft_model"):
+               eos: int | None = None, max_len: int = 64, method: str = "draft_model",
+               num_blocks: int = 1024, **config):
     from specserve.engine.engine import EngineConfig, LLMEngine
     from specserve.engine.runner import ModelRunner
     from specserve.speculative.config import SpeculativeConfig
     from specserve.speculative.draft_model import DraftModelDrafter
     from specserve.speculative.ngram import NgramDrafter
 
-    runner = ModelRunner(BigramModel(P), max_num_seqs, max_len)
+    runner = ModelRunner(BigramModel(P), num_blocks)
     if method == "ngram":
         spec = SpeculativeConfig(method="ngram", num_speculative_tokens=k, tv_budget=budget,
                                  bonus_token=bonus)
@@ -122,11 +126,13 @@ def toy_engine(P, Q, k: int, budget: float = 0.0, bonus: bool = True, max_num_se
     else:
         spec = SpeculativeConfig(model="toy", num_speculative_tokens=k, tv_budget=budget,
                                  bonus_token=bonus)
-        drafter = DraftModelDrafter(ModelRunner(BigramModel(Q), max_num_seqs, max_len), P.shape[0])
-    return LLMEngine(runner, ToyTokenizer(eos), EngineConfig(max_num_seqs, max_len), spec, drafter)
+        drafter = DraftModelDrafter(ModelRunner(BigramModel(Q), num_blocks), P.shape[0])
+    return LLMEngine(runner, ToyTokenizer(eos), EngineConfig(max_num_seqs, max_len, **config),
+                     spec, drafter)
 
 
 def run_all(engine) -> list:
+    """Step until idle; the final RequestOutputs in the order they finished."""
     outs = []
     while engine.has_unfinished():
         outs += [delta.output for delta in engine.step() if delta.finished]

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import torch
 
 from specserve.engine.output_processor import FINISH_ABORT, OutputProcessor
+from specserve.engine.cost_model import CostModel
 from specserve.engine.outputs import RequestDelta, SpeculationOverride, TokenOrigin
 from specserve.engine.runner import ModelRunner
-from specserve.engine.scheduler import Scheduler
+from specserve.engine.scheduler import Chunk, Scheduler, StepPlan
 from specserve.engine.sequence import Sequence, Status
 from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.params import SamplingParams
@@ -30,19 +31,38 @@ from specserve.sampling.stop import StopChecker
 from specserve.speculative.config import SpeculativeConfig
 from specserve.speculative.drafter import EMPTY, Drafter, Proposal
 from specserve.speculative.metrics import EngineMetrics
-from specserve.speculative.policies import CostModel, FixedPolicy, make_policy
+from specserve.speculative.policies import FixedPolicy, make_policy
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
+    """`max_num_batched_tokens`: target rows per step (decode and verify rows always run;
+    prefill chunks fill the rest). 256 by default: on a CPU a pass is compute-bound from a few
+    rows on (the native kernels take rows four at a time), so bigger chunks barely raise
+    prefill throughput while every running stream waits for the whole chunk; 256 rows keep
+    that wait near one second on the 1.5B int4 target. `kv_cache_memory`: bytes for the KV
+    caches of the target and the draft together (None: `default_kv_cache_memory()`)."""
+
     max_num_seqs: int = 8
     max_model_len: int = 4096
+    max_num_batched_tokens: int = 256
+    kv_cache_memory: int | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got "
+                             f"{self.max_num_batched_tokens}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be > 0 bytes (or None: from available "
+                             f"RAM), got {self.kv_cache_memory}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +84,9 @@ class LLMEngine:
         self.runner, self.tokenizer, self.config = runner, tokenizer, config
         self.spec, self.drafter = spec, drafter
         self.cost = cost if cost is not None else CostModel()
-        self.scheduler = Scheduler(config.max_num_seqs)
+        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens,
+                                   runner.blocks)
+        self._step_rows = 0  # rows of the step being planned, so far (see `_choose_k`)
         self.metrics = EngineMetrics()
         self.output = OutputProcessor(tokenizer, config.max_model_len, drafter is not None)
         self.num_aborted = 0
@@ -86,8 +108,11 @@ class LLMEngine:
         self.check_request(prompt_ids, params, speculation)
         arrival = time.perf_counter()
         with self._live_lock:
-            request_id = request_id if request_id is not None else str(next(self._ids))
-            if request_id in self._live:
+            if request_id is None:
+                request_id = str(next(self._ids))
+                while request_id in self._live:  # an automatic id skips ids callers chose
+                    request_id = str(next(self._ids))
+            elif request_id in self._live:
                 raise ValueError(f"request_id {request_id!r} is already in use")
             self._live.add(request_id)
         self._inbox.append(_Add(request_id, list(prompt_ids), params, prompt, speculation, arrival))
@@ -143,16 +168,25 @@ class LLMEngine:
             if isinstance(item, str):
                 self._abort(item)
                 continue
-            seqs = [self._new_sequence(item.request_id, i, item.prompt_ids, item.params)
-                    for i in range(item.params.n)]
-            for seq in seqs:
-                seq.arrival = item.arrival
-                seq.speculation = item.speculation
-                if item.speculation is not None and item.speculation.tv_budget is not None:
-                    seq.tv_budget = item.speculation.tv_budget
-            self.output.add(item.request_id, item.prompt, item.prompt_ids, seqs, item.arrival)
-            for seq in seqs:
-                self.scheduler.add(seq)
+            try:
+                self._queue_request(item)
+            except Exception as error:  # noqa: BLE001 - handed to that request alone
+                self.output.reject(item.request_id, item.prompt, item.prompt_ids, item.arrival,
+                                   error)
+
+    def _queue_request(self, item: _Add) -> None:
+        """Create an added request's sequences and queue them for scheduling."""
+        seqs = [self._new_sequence(item.request_id, i, item.prompt_ids, item.params)
+                for i in range(item.params.n)]
+        for seq in seqs:
+            seq.arrival = item.arrival
+            seq.speculation = item.speculation
+            seq.policy = self._policy(item.speculation)
+            if item.speculation is not None and item.speculation.tv_budget is not None:
+                seq.tv_budget = item.speculation.tv_budget
+        self.output.add(item.request_id, item.prompt, item.prompt_ids, seqs, item.arrival)
+        for seq in seqs:
+            self.scheduler.add(seq)
 
     def _abort(self, request_id: str) -> None:
         seqs = [s for s in self.output.sequences(request_id) if not s.finished]
@@ -162,7 +196,7 @@ class LLMEngine:
         for seq in seqs:
             self._finish(seq, FINISH_ABORT)
             if seq in self.scheduler.waiting:
-                self.scheduler.waiting.remove(seq)
+                self.scheduler.remove(seq)
                 self._release([seq])
         self._release(self.scheduler.retire())
 
@@ -176,11 +210,18 @@ class LLMEngine:
         seq.policy = self._policy()
         return seq
 
-    def _policy(self):
-        if self.spec is None or self.drafter is None:
+    def _policy(self, speculation: SpeculationOverride | None = None):
+        """The request's draft-length policy: the engine's, or a k of its own (−1: cost-aware),
+        or none when it turns speculation off."""
+        if self.spec is None or self.drafter is None or (
+                speculation is not None and not speculation.enabled):
             return FixedPolicy(0)
-        return make_policy(self.spec.policy_name, self.spec.num_speculative_tokens, self.cost,
-                           max_k=self.spec.max_k)
+        k = self.spec.num_speculative_tokens
+        name = self.spec.policy_name
+        if speculation is not None and speculation.num_speculative_tokens is not None:
+            k = speculation.num_speculative_tokens
+            name = "cost_aware" if k == -1 else "fixed"
+        return make_policy(name, k, self.cost, max_k=self.spec.max_k)
 
     def has_unfinished(self) -> bool:
         """Work left: queued adds or aborts, sequences to run, or deltas not yet handed out."""
@@ -202,12 +243,17 @@ class LLMEngine:
             return self._collect(self.scheduler.retire())
 
     def _run_step(self) -> None:
-        ongoing = list(self.scheduler.running)
-        admitted = self.scheduler.admit(self.runner.cache.num_free_slots)
-        if admitted:
-            self._prefill(admitted)
-        if ongoing:
-            self._round(ongoing)
+        """Plan the step, draft, run one target pass over every decode/verify row and prefill
+        chunk, then sample and commit."""
+        self._step_rows = sum(1 for s in self.scheduler.running if not s.prefilling)
+        plan = self.scheduler.schedule(self._choose_k, self._forget_draft)
+        if self.drafter is not None:
+            for seq in plan.admitted:
+                self.drafter.start(seq)
+        if plan.decode or plan.chunks:
+            self._pass(plan)
+        elif self.drafter is not None and self.drafter.pending():
+            self.drafter.propose([], [])  # only draft prefill chunks are left to run
 
     def _fail_running(self, error: Exception) -> None:
         for seq in self.scheduler.running:
@@ -215,55 +261,82 @@ class LLMEngine:
                 self.output.fail(seq.request_id, error)
                 self._finish(seq, FINISH_ABORT)
 
-    def _prefill(self, seqs: list[Sequence]) -> None:
-        for seq in seqs:
-            seq.slot = self.runner.cache.allocate()
-        logits = self.runner.forward([s.prompt_ids for s in seqs], [0] * len(seqs),
-                                     [s.slot for s in seqs], [1] * len(seqs))
-        for seq, lg in zip(seqs, logits):
-            seq.num_cached = seq.prompt_len
-            self._append(seq, self._sample_round(seq, EMPTY, lg).tokens, lg)  # k = 0: plain
-            if self.drafter is not None and not seq.finished:
-                self.drafter.start(seq)
-            seq.first_token_time = time.perf_counter()
-
-    def _round(self, seqs: list[Sequence]) -> None:
-        """One round: choose k, draft, verify, commit. The cost model learns the draft time
-        and the rest of the round (choosing, the target pass, sampling, bookkeeping): that
-        rest is what a plain decode step costs too, so k = 0 is priced like any other k."""
-        start = time.perf_counter()
-        ks = [self._choose_k(s, len(seqs)) for s in seqs]
+    def _pass(self, plan: StepPlan) -> None:
+        """Draft for the decoding sequences (one batched draft call, which also runs draft
+        prefill chunks), then one target pass: each decoding sequence's last token and drafts,
+        then the prefill chunks. The cost model learns the draft time and the rest of the
+        step (the target pass, sampling, bookkeeping): that rest is what a plain decode step
+        costs too, so k = 0 is priced like any other k. Steps whose draft or target pass
+        also prefilled are not learned from."""
+        seqs, ks = plan.decode, plan.ks
+        drafter = self.drafter
+        draft_prefill = drafter is not None and drafter.pending()
         t0 = time.perf_counter()
-        proposals = self.drafter.propose(seqs, ks) if self.drafter and any(ks) else [EMPTY] * len(seqs)
+        if drafter is not None and (any(ks) or draft_prefill):
+            proposals = drafter.propose(seqs, ks)
+        else:
+            proposals = [EMPTY] * len(seqs)
         t1 = time.perf_counter()
         rows = [[s.token_ids[-1]] + p.tokens for s, p in zip(seqs, proposals)]
-        logits = self.runner.forward(rows, [s.num_cached for s in seqs], [s.slot for s in seqs])
+        starts = [s.num_cached for s in seqs]
+        tables = [s.table for s in seqs]
+        last_n = [len(r) for r in rows]
+        for c in plan.chunks:
+            rows.append(c.seq.token_ids[c.start:c.start + c.num_tokens])
+            starts.append(c.start)
+            tables.append(c.seq.table)
+            last_n.append(1 if c.samples else 0)
+        logits = self.runner.forward(rows, starts, tables, last_n)
         results = [self._sample_round(s, p, lg) for s, p, lg in zip(seqs, proposals, logits)]
         t2 = time.perf_counter()
         for seq, prop, res, lg in zip(seqs, proposals, results, logits):
             self._commit(seq, prop, res, lg, t1 - t0, t2 - t1)
+        for chunk, lg in zip(plan.chunks, logits[len(seqs):]):
+            self._prefilled(chunk, lg)
         end = time.perf_counter()
+        if not seqs:
+            return
         max_k = max(p.k for p in proposals)
         # a drafter resuming after rounds without drafting first catches up on what it missed:
         # that one-off cost is not what drafting k tokens costs, so it is not learned from
         resumed = any(k > 0 and s.idle_drafter for s, k in zip(seqs, ks))
-        if max_k and not resumed:
+        if max_k and not resumed and not draft_prefill:
             self.cost.observe_draft(max(ks), t1 - t0)
-        self.cost.observe_verify(max_k, (end - start) - (t1 - t0))
+        if not plan.chunks:
+            self.cost.observe_verify(sum(len(r) for r in rows) - 1, (end - t0) - (t1 - t0))
         for seq, k in zip(seqs, ks):
             seq.idle_drafter = k == 0
 
+    def _prefilled(self, chunk: Chunk, logits: torch.Tensor) -> None:
+        """A prefill chunk ran: its blocks are computed; the prompt's last chunk samples the
+        first token (a recomputation after a preemption samples nothing)."""
+        seq = chunk.seq
+        seq.num_cached = chunk.start + chunk.num_tokens
+        if chunk.samples:
+            self._append(seq, self._sample_round(seq, EMPTY, logits).tokens, logits)  # plain
+            if seq.first_token_time is None:
+                seq.first_token_time = time.perf_counter()
+        self.runner.register(seq.table, seq.token_ids, seq.num_cached)
+
     def _choose_k(self, seq: Sequence, batch_size: int) -> int:
+        """The drafts `seq` verifies this step (called by the scheduler, oldest sequence
+        first). The cost model is told how many rows the rest of the pass holds so far
+        (the sequences before this one with their drafts, one row for each after it), so a
+        cost-aware policy prices the whole step at its batch size."""
         spec = self.spec
-        if spec is None or self.drafter is None:
+        if spec is None or self.drafter is None or not self.drafter.ready(seq):
             return 0
         if spec.disable_by_batch_size is not None and batch_size >= spec.disable_by_batch_size:
             return 0
         room = min(seq.tokens_left() - (1 if spec.bonus_token else 0),
-                   self.runner.max_len - len(seq.token_ids))
+                   self.config.max_model_len - len(seq.token_ids))
         if room <= 0:
             return 0
-        return min(seq.policy.choose_k(room), room)
+        others = self._step_rows - 1
+        self.cost.set_step(other_rows=others, other_seqs=others)
+        k = min(seq.policy.choose_k(room), room)
+        self._step_rows += k
+        return k
 
     def _sample_round(self, seq: Sequence, prop: Proposal, logits: torch.Tensor) -> VerifyResult:
         """Turn the target's k + 1 rows of logits into the round's tokens."""
@@ -283,6 +356,7 @@ class LLMEngine:
         old_len = len(seq.token_ids)
         self._append(seq, res.tokens, logits, prop.k, res.num_accepted)
         seq.num_cached = len(seq.token_ids) - 1  # stale draft positions are simply not counted
+        self.runner.register(seq.table, seq.token_ids, seq.num_cached)
         if self.drafter is not None:
             self.drafter.commit(seq, res.num_accepted, old_len)
         seq.policy.observe(prop.k, res.num_accepted)
@@ -325,9 +399,33 @@ class LLMEngine:
             self.metrics.total.merge(seq.metrics)
 
     def _free(self, seq: Sequence) -> None:
-        """Give back the memory a sequence holds (target cache and drafter state)."""
-        if seq.slot >= 0:
-            self.runner.cache.release(seq.slot)
-            seq.slot = -1
+        """Give back the memory a sequence holds (its target blocks and drafter state) at once."""
+        self.runner.free(seq.table)
+        self._forget_draft(seq)
+
+    def _forget_draft(self, seq: Sequence) -> None:
         if self.drafter is not None:
             self.drafter.finish(seq)
+        seq.idle_drafter = False
+
+    # ------------------------------------------------------------------ memory figures
+    @property
+    def kv_blocks_total(self) -> int:
+        return self.runner.blocks.num_blocks
+
+    @property
+    def kv_blocks_used(self) -> int:
+        """Target blocks some sequence holds (cached blocks nobody holds count as free)."""
+        return self.runner.blocks.num_used
+
+    @property
+    def preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    @property
+    def prefix_cache_hit_tokens(self) -> int:
+        return self.scheduler.prefix_cache_hit_tokens
+
+    @property
+    def prompt_tokens_computed(self) -> int:
+        return self.scheduler.prompt_tokens_computed
