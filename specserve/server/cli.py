@@ -58,6 +58,11 @@ def add_parser(sub) -> None:
                    help="seconds in-flight requests get to finish after SIGTERM")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument("--no-access-log", action="store_true")
+    g = p.add_argument_group("replicas (Ray Serve; needs `pip install specserve[ray]`)")
+    g.add_argument("--replicas", type=int, default=None, help="serve N engine replicas as Ray Serve "
+                   "deployments behind this one endpoint (default: one engine in this process, no Ray)")
+    g.add_argument("--ray-address", default=None, help="join this Ray cluster (e.g. ray://head:10001 "
+                   "or auto) instead of starting a local Ray instance")
     p.set_defaults(func=cmd_serve)
 
 
@@ -103,6 +108,10 @@ def check_args(args) -> None:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError("--api-key must not be empty")
+    if args.replicas is not None and args.replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.ray_address is not None and args.replicas is None:
+        raise ValueError("--ray-address needs --replicas")
 
 
 def cmd_serve(args) -> int:
@@ -117,6 +126,9 @@ def cmd_serve(args) -> int:
 
     budgets = {k: v for k, v in (("kv_cache_memory", kv_bytes),
                                  ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
+    if args.replicas is not None:  # Ray is imported only here
+        from specserve.server.replicas.launch import serve_replicas
+        return serve_replicas(args, spec, budgets)
     start = time.perf_counter()
     llm = LLM(args.model, dtype=args.dtype, speculative_config=spec, max_num_seqs=args.max_num_seqs,
               max_model_len=args.max_model_len, weights=args.weights, **budgets)

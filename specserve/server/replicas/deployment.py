@@ -1,0 +1,133 @@
+"""The Ray side: `EngineReplica` (one LLM + AsyncEngine per replica actor, streaming deltas) and
+`StatsBoard` (a small actor the replicas post their EngineStats to, for `/metrics` and `/health`).
+
+What crosses the wire: prompt token ids, SamplingParams and SpeculationOverride in; in return
+`(replica id, RequestDelta)` pairs, or `(replica id, Failure)` when the request failed (bad input,
+engine closing, engine error), so errors keep their meaning without depending on how Ray wraps
+exceptions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import ray
+from ray import serve
+
+from specserve.engine.async_engine import EngineClosed, EngineError
+
+log = logging.getLogger("specserve.server")
+STATS_PERIOD_S = 0.5
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str  # "value" (bad input) | "closed" (shutting down) | "engine" (failed in the engine)
+    message: str
+
+    @classmethod
+    def of(cls, e: Exception) -> "Failure":
+        kind = ("value" if isinstance(e, ValueError) else "closed" if isinstance(e, EngineClosed)
+                else "engine")
+        return cls(kind, str(e))
+
+    def exception(self, replica: str) -> Exception:
+        if self.kind == "value":
+            return ValueError(self.message)
+        if self.kind == "closed":
+            return EngineClosed(self.message)
+        return EngineError(f"replica {replica}: {self.message}")
+
+
+@dataclass(frozen=True)
+class ReplicaInfo:
+    replica: str  # Ray Serve's replica id
+    pid: int
+    node: str
+    stats: object  # EngineStats
+    served: int  # requests this replica finished or aborted
+    posted: float  # time.time() of the post
+
+
+@ray.remote(num_cpus=0)
+class StatsBoard:
+    """The latest post of each replica, and the drain order of a shutdown. Owned by the serving
+    process (dies with it)."""
+
+    def __init__(self) -> None:
+        self._posts: dict[str, ReplicaInfo] = {}
+        self._drain_deadline: float | None = None
+
+    def post(self, info: ReplicaInfo) -> float | None:
+        """Record a replica's figures; answer the drain deadline (time.time()) once set."""
+        self._posts[info.replica] = info
+        return self._drain_deadline
+
+    def drain(self, deadline: float) -> None:
+        self._drain_deadline = deadline
+
+    def remove(self, replica: str) -> None:
+        self._posts.pop(replica, None)
+
+    def snapshot(self) -> dict[str, ReplicaInfo]:
+        return dict(self._posts)
+
+
+class EngineReplica:
+    """One engine. Ray Serve makes N of these, restarts dead ones and routes calls to them."""
+
+    def __init__(self, llm_kwargs: dict, board) -> None:
+        from specserve.engine.async_engine import AsyncEngine
+        from specserve.llm import LLM
+
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self.llm = LLM(**llm_kwargs)
+        self.engine = AsyncEngine.from_llm(self.llm)
+        self.board, self.served = board, 0
+        self._stop = threading.Event()
+        self._poster = threading.Thread(target=self._post_stats, name="stats-poster", daemon=True)
+        self._poster.start()
+        log.info("specserve: replica %s (pid %d) ready", self.replica, os.getpid())
+
+    def describe(self) -> dict:
+        """What the HTTP process needs to validate requests without loading the model itself."""
+        return {"tokenizer": self.llm.tokenizer, "max_model_len": self.llm.engine.config.max_model_len,
+                "vocab_size": self.llm.target.config.vocab_size, "speculative": self.llm.spec is not None}
+
+    async def stream(self, prompt_ids: list[int], params, request_id: str, speculation=None,
+                     preferred_replica: str | None = None):
+        """`(replica id, RequestDelta | Failure)` until the request finishes. Cancelled (the
+        client went away, or the pool aborted it) → AsyncEngine.stream aborts the request."""
+        try:
+            async for delta in self.engine.stream(prompt_ids, params, request_id=request_id,
+                                                  speculation=speculation):
+                yield self.replica, delta
+        except (ValueError, EngineClosed, EngineError) as e:
+            yield self.replica, Failure.of(e)
+        finally:
+            self.served += 1
+
+    def _post_stats(self) -> None:
+        node = ray.get_runtime_context().get_node_id()
+        draining = False
+        while not self._stop.wait(STATS_PERIOD_S):
+            try:
+                deadline = ray.get(self.board.post.remote(ReplicaInfo(
+                    self.replica, os.getpid(), node, self.engine.stats(), self.served, time.time())))
+            except Exception:  # noqa: BLE001 - the board is gone: the server is shutting down
+                return
+            if deadline is not None and not draining:  # SIGTERM: finish within the bound, abort the rest
+                draining = True
+                threading.Thread(target=self.engine.shutdown, args=(max(0.0, deadline - time.time()),),
+                                 name="drain", daemon=True).start()
+
+    def __del__(self) -> None:
+        """Ray Serve's graceful shutdown: in-flight requests were drained by the HTTP process."""
+        self._stop.set()
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown(0)

@@ -1,0 +1,171 @@
+"""`ReplicaPool`: the AsyncEngine interface (stream / abort / stats / shutdown) over N Ray Serve
+engine replicas, so `build_app` serves them unchanged.
+
+- stream: one streaming DeploymentHandle call per request, naming the replica that holds the
+  longest recorded prefix of the prompt (`prefix.py`) when it covers at least half of it; Ray
+  Serve's router (`router.py`) picks the replica. When the call fails in Ray (the replica died,
+  became unreachable) before any delta came back, it is sent again, once, to whichever replica
+  the router picks; after that, or once deltas were streamed, the request ends with an
+  EngineError naming the replica (the app turns it into a 500 `engine_error`, in the stream when
+  streaming).
+- abort: cancels the call; the replica's AsyncEngine aborts the request and frees its memory.
+- stats: the sum over the replicas' latest posts to the StatsBoard (a post older than `stale_s`
+  is a dead replica's and is dropped, with its prefixes).
+- shutdown(timeout): no new requests; every replica's engine is told (through the board) to
+  finish in-flight requests within `timeout` and abort the rest ("abort" deltas, as in one
+  process); calls still open a little after that are cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+import uuid
+
+import ray
+from ray.exceptions import RayError
+
+from specserve.engine.async_engine import EngineClosed, EngineError
+from specserve.engine.outputs import EngineStats
+from specserve.server.replicas.deployment import Failure, ReplicaInfo
+from specserve.server.replicas.prefix import PrefixIndex
+from specserve.speculative.metrics import SpecMetrics
+
+log = logging.getLogger("specserve.server")
+REFRESH_S = 0.5
+STALE_S = 3.0
+MIN_AFFINITY = 0.5  # the held prefix must cover at least this fraction of the prompt
+CANCEL_GRACE_S = 2.0  # after the drain timeout, how long replicas get to send their "abort" deltas
+
+
+class ReplicaPool:
+    def __init__(self, handle, board, block: int = 16, retries: int = 1) -> None:
+        self.handle, self.board, self.retries = handle, board, retries
+        self.index = PrefixIndex(block)
+        self.replicas: dict[str, ReplicaInfo] = {}  # latest post per live replica
+        self.routed: collections.Counter[str] = collections.Counter()  # requests each replica took
+        self.retried = 0  # requests sent again after their replica failed before streaming
+        self.failed = 0  # requests ended with an error because their replica failed
+        self._inflight: dict[str, object] = {}  # request id -> DeploymentResponseGenerator
+        self._lock = threading.Lock()
+        self._closing = False
+        self._stop = threading.Event()
+        self._refresher = threading.Thread(target=self._refresh_loop, name="replica-stats", daemon=True)
+        self._refresh()
+        self._refresher.start()
+
+    # ------------------------------------------------------------------ AsyncEngine interface
+    async def stream(self, prompt: list[int], params, request_id: str | None = None, speculation=None):
+        if self._closing:
+            raise EngineClosed("the server is shutting down and takes no new requests")
+        request_id = request_id or uuid.uuid4().hex
+        preferred = self._preferred(prompt)
+        for attempt in range(self.retries + 1):
+            call = self.handle.options(stream=True).stream.remote(
+                prompt, params, request_id, speculation, preferred_replica=preferred)
+            self._inflight[request_id] = call
+            replica, received, finished = None, False, False
+            try:
+                async for replica, item in call:
+                    if isinstance(item, Failure):
+                        raise item.exception(replica)
+                    if not received:
+                        received = True
+                        self.routed[replica] += 1
+                    if item.finished:
+                        finished = True
+                        self._remember(prompt, replica, item)
+                    yield item
+                    if finished:
+                        return
+                raise EngineError(f"replica {replica} ended request {request_id} unfinished")
+            except RayError as e:
+                if received or attempt == self.retries or self._closing:
+                    self.failed += 1
+                    what = "after streaming part of it" if received else "and the retry failed too"
+                    reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                    raise EngineError(f"engine replica {replica or '(unknown)'} failed while serving "
+                                      f"request {request_id} {what}: {type(e).__name__}: "
+                                      f"{reason}") from None  # Ray's text says it all; no traceback
+                self.retried += 1
+                preferred = None
+                log.warning("request %s: replica failed before answering (%s); sending it again",
+                            request_id, type(e).__name__)
+            finally:
+                self._inflight.pop(request_id, None)
+                if not finished:
+                    call.cancel()
+
+    def abort(self, request_id: str) -> None:
+        call = self._inflight.get(request_id)
+        if call is not None:
+            call.cancel()
+
+    def stats(self) -> EngineStats:
+        return merge_stats([r.stats for r in self.replicas.values()])
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        if not self._closing:
+            self._closing = True
+            deadline = time.time() + (timeout if timeout is not None else 365 * 86400)
+            try:
+                ray.get(self.board.drain.remote(deadline), timeout=10)
+            except Exception as e:  # noqa: BLE001 - the board is gone: replicas are gone too
+                log.warning("could not ask the replicas to drain: %r", e)
+            end = deadline + CANCEL_GRACE_S
+            while self._inflight and time.time() < end:
+                time.sleep(0.05)
+            for call in list(self._inflight.values()):
+                call.cancel()
+        self._stop.set()
+
+    # ------------------------------------------------------------------ internals
+    def _preferred(self, prompt) -> str | None:
+        if not isinstance(prompt, list) or not prompt:
+            return None
+        match = self.index.lookup(prompt, alive=set(self.replicas))
+        return match.replica if match.tokens >= MIN_AFFINITY * len(prompt) else None
+
+    def _remember(self, prompt, replica: str, delta) -> None:
+        if isinstance(prompt, list) and delta.output is not None and delta.output.outputs:
+            self.index.record(prompt + list(delta.output.outputs[0].token_ids), replica)
+
+    def _refresh(self) -> None:
+        posts = ray.get(self.board.snapshot.remote(), timeout=10)
+        now = time.time()
+        live = {r: info for r, info in posts.items() if now - info.posted < STALE_S}
+        for gone in set(self.replicas) - set(live):
+            self.index.forget(gone)
+        for stale in set(posts) - set(live):
+            self.board.remove.remote(stale)
+        self.replicas = live
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(REFRESH_S):
+            try:
+                self._refresh()
+            except Exception as e:  # noqa: BLE001 - keep the last figures; retry next period
+                log.debug("replica stats refresh failed: %r", e)
+
+
+def merge_stats(parts: list[EngineStats]) -> EngineStats:
+    """The replicas' EngineStats as one engine's: counts and totals add up, KV usage is blocks
+    used over blocks total, the rolling acceptance is the mean of those that have one, and the
+    pool is healthy only when every replica is."""
+    spec = SpecMetrics()
+    for p in parts:
+        spec.merge(p.spec)
+    total = sum(p.kv_blocks_total for p in parts)
+    used = sum(p.kv_blocks_used for p in parts)
+    rolling = [p.rolling_acceptance for p in parts if p.rolling_acceptance is not None]
+    return EngineStats(
+        running=sum(p.running for p in parts), waiting=sum(p.waiting for p in parts),
+        kv_usage=used / total if total else 0.0, kv_blocks_used=used, kv_blocks_total=total,
+        preemptions=sum(p.preemptions for p in parts), aborted=sum(p.aborted for p in parts),
+        prefix_cache_hit_tokens=sum(p.prefix_cache_hit_tokens for p in parts),
+        prompt_tokens_computed=sum(p.prompt_tokens_computed for p in parts), spec=spec,
+        rolling_acceptance=sum(rolling) / len(rolling) if rolling else None,
+        healthy=all(p.healthy for p in parts))
