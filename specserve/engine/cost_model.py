@@ -1,15 +1,19 @@
 """The engine's cost model: how long a step takes, by draft steps and by target rows.
 
 One per engine, shared by its requests' cost-aware policies (timings are a property of the
-models and the device, not of the text). Pricing a whole batched step: a target pass over R
-rows costs `verify_time(R - 1)` (a pass over k + 1 rows of one sequence is the batch-of-one
-case), so a sequence choosing k in a step whose other sequences already hold `other_rows`
-rows adds the difference between `pass_time(other_rows + k + 1)` and `pass_time(other_rows + 1)`.
-Where a pass is memory-bound (few rows: the weights are read once for all rows) that
-difference is small and drafting is cheap; where it is compute-bound (many rows) each row
-costs its share and drafting must earn it. The engine sets the step's context
-(`set_step`) before each policy chooses; the draft's time is priced at its k alone (a batched
-draft step costs about what one sequence's does on this scale of model).
+models and the device, not of the text). A target pass over R rows costs `pass_time(R)` =
+`verify_time(R - 1)` (a pass over k + 1 rows of one sequence is the batch-of-one case).
+
+Pricing a whole batched step: a policy choosing k for one of B decoding sequences prices the
+step as if each of them verified k + 1 rows, `step_time(k) = draft_time(k) + pass_time(B·(k +
+1))` (the draft model's pass is batched too, so its time is counted once), and compares
+tokens per second B·E(k) / step_time(k) across k. Where a pass is memory-bound (the weights
+are read once for all rows: the time barely grows with rows) extra verify rows cost little
+and drafting pays as it does alone; where it is compute-bound (the time grows with every
+row) B·(k + 1) rows cost about B·(k + 1) decode rows and drafting must beat that. The engine
+sets B (`set_step`) before the policies choose. Left out for simplicity: the prefill chunks
+that share the pass, and the attention cost of long contexts (the calibration measures a
+short one).
 """
 
 from __future__ import annotations
@@ -42,8 +46,7 @@ class CostModel:
     does not wander with the noise of whichever k happened to be measured in a slow second.
     """
 
-    __slots__ = ("_draft", "_verify", "_lines", "_ema", "_base", "_scales", "other_rows",
-                 "other_seqs")
+    __slots__ = ("_draft", "_verify", "_lines", "_ema", "_base", "_scales", "batch_size")
 
     def __init__(self, ema: float = 0.2, max_age: int = 256) -> None:
         if not 0.0 < ema <= 1.0:
@@ -56,8 +59,7 @@ class CostModel:
         self._ema = ema
         self._base: CostModel | None = None  # the calibration (shape), once seeded
         self._scales = [1.0, 1.0]  # observed / calibrated: [drafting, the rest of a round]
-        self.other_rows = 0  # rows the rest of the step's pass holds (see `set_step`)
-        self.other_seqs = 0  # sequences behind those rows
+        self.batch_size = 1  # decoding sequences in the step being planned (see `set_step`)
 
     def seed(self, draft_step_s: float, verify_times: dict[int, float]) -> None:
         """Start from a calibration: one draft step's time and verify times by k. From then
@@ -126,14 +128,13 @@ class CostModel:
         """Estimated seconds of a target pass over `rows` rows (any mix of sequences)."""
         return self.verify_time(max(rows, 1) - 1)
 
-    def set_step(self, other_rows: int, other_seqs: int) -> None:
-        """The step being planned: besides the sequence choosing now, the pass holds
-        `other_rows` rows of `other_seqs` sequences."""
-        self.other_rows, self.other_seqs = max(other_rows, 0), max(other_seqs, 0)
+    def set_step(self, batch_size: int) -> None:
+        """The step being planned decodes `batch_size` sequences."""
+        self.batch_size = max(batch_size, 1)
 
     def step_time(self, k: int) -> float:
-        """Estimated seconds of the whole step if the sequence choosing now drafts k."""
-        return self.draft_time(k) + self.pass_time(self.other_rows + k + 1)
+        """Estimated seconds of the step if each of its sequences drafts k (see the module doc)."""
+        return self.draft_time(k) + self.pass_time(self.batch_size * (k + 1))
 
     def _fits(self) -> tuple[_Line, _Line]:
         if self._lines is None:

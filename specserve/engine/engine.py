@@ -86,7 +86,7 @@ class LLMEngine:
         self.cost = cost if cost is not None else CostModel()
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens,
                                    runner.blocks)
-        self._step_rows = 0  # rows of the step being planned, so far (see `_choose_k`)
+        self._step_seqs = 0  # decoding sequences in the step being planned (see `_choose_k`)
         self.metrics = EngineMetrics()
         self.output = OutputProcessor(tokenizer, config.max_model_len, drafter is not None)
         self.num_aborted = 0
@@ -245,7 +245,7 @@ class LLMEngine:
     def _run_step(self) -> None:
         """Plan the step, draft, run one target pass over every decode/verify row and prefill
         chunk, then sample and commit."""
-        self._step_rows = sum(1 for s in self.scheduler.running if not s.prefilling)
+        self._step_seqs = sum(1 for s in self.scheduler.running if not s.prefilling)
         plan = self.scheduler.schedule(self._choose_k, self._forget_draft)
         if self.drafter is not None:
             for seq in plan.admitted:
@@ -320,9 +320,8 @@ class LLMEngine:
 
     def _choose_k(self, seq: Sequence, batch_size: int) -> int:
         """The drafts `seq` verifies this step (called by the scheduler, oldest sequence
-        first). The cost model is told how many rows the rest of the pass holds so far
-        (the sequences before this one with their drafts, one row for each after it), so a
-        cost-aware policy prices the whole step at its batch size."""
+        first). The cost model is told the step's batch size, so a cost-aware policy prices
+        the whole step (see `engine/cost_model.py`)."""
         spec = self.spec
         if spec is None or self.drafter is None or not self.drafter.ready(seq):
             return 0
@@ -332,11 +331,8 @@ class LLMEngine:
                    self.config.max_model_len - len(seq.token_ids))
         if room <= 0:
             return 0
-        others = self._step_rows - 1
-        self.cost.set_step(other_rows=others, other_seqs=others)
-        k = min(seq.policy.choose_k(room), room)
-        self._step_rows += k
-        return k
+        self.cost.set_step(self._step_seqs)
+        return min(seq.policy.choose_k(room), room)
 
     def _sample_round(self, seq: Sequence, prop: Proposal, logits: torch.Tensor) -> VerifyResult:
         """Turn the target's k + 1 rows of logits into the round's tokens."""

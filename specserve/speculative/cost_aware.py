@@ -4,9 +4,9 @@
 
 over k = 0..max_k, with α_j = P(draft j accepted | drafts < j accepted) estimated from the
 request's recent rounds and the times from the engine's shared cost model
-(`engine/cost_model.py`, read through the `StepCost` protocol). In a batched step the rate is
-that of the whole step: (E(k) + other sequences' tokens) / step_time(k), each other sequence
-counted for one token (its own drafts do not depend on this choice). E(0) = 1 and T(0) is
+(`engine/cost_model.py`, read through the `StepCost` protocol). In a batched step T(k) is the
+whole step's time at its batch size (`step_time`: a verify row is cheap while the pass is
+memory-bound, a decode row's worth once it is compute-bound). E(0) = 1 and T(0) is
 plain decoding, so on hostile text the policy stops drafting; while it is off it probes with
 k = 1 every N rounds (N doubling after each failed probe, up to a cap) to notice when the text
 turns predictable again.
@@ -24,10 +24,8 @@ DEFAULT_MAX_K = 8  # the bound of the adaptive policies (SPEC §5)
 class StepCost(Protocol):
     """What the policy reads of the engine's cost model."""
 
-    other_seqs: int
-
     def step_time(self, k: int) -> float:
-        """Seconds of the step if the choosing sequence drafts k (k = 0: plain decoding)."""
+        """Seconds of the step being planned at k drafts per sequence (k = 0: plain decoding)."""
 
 
 class CostAwarePolicy:
@@ -111,14 +109,12 @@ class CostAwarePolicy:
         drafting must beat plain decoding by `margin` (a break-even estimate built on noisy
         timings is a likely loss: the goal is never to be slower than plain decoding)."""
         alphas = self.acceptance(optimism)
-        others = self.cost.other_seqs  # tokens the rest of the step yields at least
-        best = 0
-        best_rate = (1.0 + self.margin) * (1.0 + others) / max(self.cost.step_time(0), 1e-12)
+        best, best_rate = 0, (1.0 + self.margin) / max(self.cost.step_time(0), 1e-12)
         expected, reach = 1.0, 1.0  # E(k); P(all of the first k drafts accepted)
         for k in range(1, min(limit, self.max_k) + 1):
             reach *= alphas[k - 1]
             expected += reach
-            rate = (expected + others) / max(self.cost.step_time(k), 1e-12)
+            rate = expected / max(self.cost.step_time(k), 1e-12)
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
