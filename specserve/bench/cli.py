@@ -268,7 +268,7 @@ def _verify_cost(args, target) -> dict | None:
     from specserve.bench.verify_cost import format_verify_cost, verify_cost
     from specserve.engine.runner import ModelRunner
 
-    times = verify_cost(ModelRunner(target.model, 1, 512), list(range(1, args.verify_cost + 1)))
+    times = verify_cost(ModelRunner(target.model, num_blocks=512 // 16), list(range(1, args.verify_cost + 1)))
     print(format_verify_cost(times))
     return times
 
