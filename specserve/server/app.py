@@ -59,7 +59,7 @@ class ServerState:
 
 
 def build_app(engine, tokenizer: Tokenizer, limits: ModelLimits, api_key: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> tuple[FastAPI, ServerState]:
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> tuple[Guard, ServerState]:
     state = ServerState(engine, tokenizer, limits, ServerMetrics(engine.stats, limits.name))
     app = FastAPI(title="specserve", version="0.1.0", summary="OpenAI-compatible server with "
                   "speculative decoding (per-request settings and statistics)")
@@ -105,9 +105,28 @@ def build_app(engine, tokenizer: Tokenizer, limits: ModelLimits, api_key: str | 
         return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    _document_400_not_422(app)
     guarded = Guard(app, max_body_bytes, api_key, state.metrics.error)
     app.state.server = state
     return guarded, state
+
+
+def _document_400_not_422(app: FastAPI) -> None:
+    """FastAPI documents a 422 for every body; this server answers validation errors with 400."""
+    make_schema = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = make_schema()
+            for path in schema["paths"].values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def _prepare(state: ServerState, make_jobs) -> list[Job]:

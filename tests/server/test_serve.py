@@ -320,6 +320,8 @@ def test_openapi_schema_documents_the_routes_and_the_speculation_extensions(serv
         assert "num_speculative_tokens" in json.dumps(props["speculative"]) or "SpeculativeOptions" in json.dumps(
             props["speculative"])
     assert "SpeculativeStats" in schema["components"]["schemas"]
+    responses = schema["paths"]["/v1/completions"]["post"]["responses"]
+    assert {"200", "400", "401", "404", "413"} <= set(responses) and "422" not in responses
 
 
 def test_fuzzing_the_openapi_schema_finds_no_server_error(server):
