@@ -4,8 +4,9 @@ on the native kernels), each load in a fresh process as a user's command would r
 Cold: the weight cache is empty (a temporary `$SPECSERVE_CACHE` whose `models` and `kernels`
 link to the real ones, so only the repacked weights are missing); the load repacks and writes
 the cache. Warm: the loads after it, which map the cache. Each figure is the wall time of the
-`load_model` call (imports excluded); warm figures are medians of `--repeats` processes, the
-two models' processes taking turns.
+`load_model` call (imports excluded), and the CPU time it used (user + system, all threads: on
+a machine busy with other work, a steadier figure than the wall time); warm figures are
+medians of `--repeats` processes, the two models' processes taking turns.
 
     python benchmarks/scripts/load_time.py [--repeats 5] [--models qwen2.5-coder-1.5b ...]
 """
@@ -24,13 +25,16 @@ from pathlib import Path
 from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir
 
 CHILD = """
-import json, sys, time, torch
+import json, resource, sys, time, torch
 torch.set_num_threads(2)
 from specserve.models.loader import load_model
-start = time.perf_counter()
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+start, start_cpu = time.perf_counter(), cpu()
 m = load_model(sys.argv[1])
-print(json.dumps({"seconds": time.perf_counter() - start, "cache_hit": m.cache_hit,
-                  "weights": m.weights}))
+print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": cpu() - start_cpu,
+                  "cache_hit": m.cache_hit, "weights": m.weights}))
 """
 
 
@@ -62,10 +66,12 @@ def main() -> None:
     for name in args.models:
         assert not cold[name]["cache_hit"] and all(w["cache_hit"] for w in warm[name])
         secs = [w["seconds"] for w in warm[name]]
-        result["models"][name] = {"weights": cold[name]["weights"],
-                                  "cold_s": round(cold[name]["seconds"], 2),
-                                  "warm_median_s": round(statistics.median(secs), 2),
-                                  "warm_s": [round(s, 2) for s in secs]}
+        result["models"][name] = {
+            "weights": cold[name]["weights"], "cold_s": round(cold[name]["seconds"], 2),
+            "cold_cpu_s": round(cold[name]["cpu_seconds"], 2),
+            "warm_median_s": round(statistics.median(secs), 2),
+            "warm_median_cpu_s": round(statistics.median(w["cpu_seconds"] for w in warm[name]), 2),
+            "warm_s": [round(s, 2) for s in secs]}
     result["pair_warm_median_s"] = round(sum(m["warm_median_s"]
                                              for m in result["models"].values()), 2)
     print(json.dumps(result, indent=2))

@@ -277,12 +277,17 @@ def _pack(model: Transformer, dense: dict[str, torch.Tensor]) -> tuple[dict, dic
 def _from_entry(cfg: ModelConfig, entry: weight_cache.CacheEntry,
                 shapes: dict[str, tuple[int, ...]]) -> Transformer | None:
     """The model from a verified cache entry; None if the entry does not fit `cfg`."""
+    try:
+        return _assemble(cfg, entry, shapes)
+    except (KeyError, TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _assemble(cfg: ModelConfig, entry: weight_cache.CacheEntry,
+              shapes: dict[str, tuple[int, ...]]) -> Transformer | None:
     t, meta = entry.tensors, entry.meta
     dense = {n: t[f"dense.{n}"] for n in meta["dense"]}
-    try:
-        model = _skeleton(cfg, dense, shapes)
-    except (KeyError, RuntimeError):
-        return None
+    model = _skeleton(cfg, dense, shapes)
     expected = set(_native_linears(model))
     if set(meta["linears"]) != expected:
         return None
