@@ -19,7 +19,7 @@ allocated it, and only before it is full and committed, so a shared block is nev
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 _ROOT = 0  # the key node of the empty prefix
@@ -43,7 +43,9 @@ class BlockManager:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefix_caching = prefix_caching
-        self._free: deque[int] = deque(range(num_blocks))
+        # a stack, lowest ids on top: a block freed is the next one taken, so the pages the
+        # OS mapped for the pools stay few while few blocks are in use
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._refs = [0] * num_blocks  # [num_blocks] tables holding each block
         self._by_key: dict[tuple[int, tuple[int, ...]], int] = {}  # key → block
         self._key_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # block → key
@@ -132,7 +134,7 @@ class BlockManager:
     # ------------------------------------------------------------------ blocks
     def _take(self) -> int:
         if self._free:
-            block = self._free.popleft()
+            block = self._free.pop()
         else:  # evict the least recently released cached block
             block, _ = self._idle.popitem(last=False)
             del self._by_key[self._key_of.pop(block)]

@@ -92,12 +92,13 @@ class ModelRunner:
 
 
 DEFAULT_KV_FRACTION = 0.4  # of the memory available when the engine starts
-DEFAULT_KV_CAP = 8 << 30  # bytes
+DEFAULT_KV_CAP = 4 << 30  # bytes: 52k positions of the default 1.5B + 0.5B pair
 
 
 def default_kv_cache_memory(meminfo: Path = Path("/proc/meminfo")) -> int:
-    """The default KV budget: 40% of MemAvailable, at most 8 GiB (2 GiB when it cannot be
-    read). The pools are mapped lazily, so a budget costs resident memory only as blocks fill."""
+    """The default KV budget: 40% of MemAvailable, at most 4 GiB (2 GiB when it cannot be
+    read). The pools are mapped lazily, so a budget costs resident memory only as blocks fill
+    (held, or kept by the prefix cache)."""
     try:
         for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):
