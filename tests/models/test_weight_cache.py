@@ -119,6 +119,18 @@ def test_a_changed_source_file_is_rebuilt(tmp_path, cache):
     assert len(entries(cache)) == 1  # the old entry went
 
 
+def test_a_new_kernel_layout_version_rebuilds(tmp_path, cache, monkeypatch, repacks):
+    from specserve.models import loader
+
+    path = write_gguf(tmp_path)
+    load_model(path, weights="int4")
+    monkeypatch.setattr(loader, "NATIVE_LAYOUT_VERSION", "bumped")
+    repacks.clear()
+    rebuilt = load_model(path, weights="int4")
+    assert not rebuilt.cache_hit and repacks
+    assert load_model(path, weights="int4").cache_hit and len(entries(cache)) == 1
+
+
 def test_the_source_is_hashed_once_per_version_of_the_file(tmp_path, cache, monkeypatch):
     path = write_gguf(tmp_path)
     said = []
