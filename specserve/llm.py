@@ -3,13 +3,15 @@
 A call is all or nothing: every input is validated before anything is queued, and an
 exception or interrupt inside a call aborts exactly that call's requests, leaving the object
 ready for the next call. Calls from several threads on one `LLM` are serialized (one runs at a
-time, each gets its own results); for concurrent serving use `AsyncEngine.from_llm`.
+time, each gets its own results) — unless an `AsyncEngine.from_llm(llm)` runs the engine: then
+calls go through it and run concurrently with each other and with its streams.
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from specserve.engine.calibration import calibrate
 from specserve.engine.engine import EngineConfig, LLMEngine
@@ -24,6 +26,9 @@ from specserve.speculative.config import MAX_SPECULATIVE_TOKENS, SpeculativeConf
 from specserve.speculative.draft_model import DraftModelDrafter
 from specserve.speculative.drafter import Drafter
 from specserve.speculative.ngram import NgramDrafter
+
+if TYPE_CHECKING:
+    from specserve.engine.async_engine import AsyncEngine
 
 
 class LLM:
@@ -62,6 +67,7 @@ class LLM:
                 and self.spec.num_speculative_tokens != 0:
             calibrate(self.engine)
         self._lock = threading.Lock()  # one generate/chat call drives the engine at a time
+        self._driver = None  # an AsyncEngine running the engine: calls go through it
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -112,29 +118,55 @@ class LLM:
     def _encode(self, prompt: str | list[int]) -> list[int]:
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
+    def drive_with(self, make_driver: Callable[[], AsyncEngine] | None,
+                   driver: AsyncEngine | None = None) -> AsyncEngine | None:
+        """Hand the engine to an AsyncEngine (`make_driver()` builds it once no call is in
+        flight), or take it back (`make_driver` None, from the `driver` that had it)."""
+        with self._lock:
+            if make_driver is None:
+                if self._driver is driver:
+                    self._driver = None
+                return None
+            if self._driver is not None:
+                raise RuntimeError("an AsyncEngine already runs this LLM's engine; shut it "
+                                   "down first")
+            self._driver = make_driver()
+            return self._driver
+
     def _generate(self, requests: list[tuple[list[int], SamplingParams, str | None]]
+                  ) -> list[RequestOutput]:
+        """Run a call's requests: through the AsyncEngine that runs the engine, if any
+        (concurrently with other calls), else here, one call at a time."""
+        while True:
+            driver = self._driver
+            if driver is not None:
+                return driver.generate(requests)
+            with self._lock:
+                if self._driver is None:  # (not handed over while this call waited)
+                    return self._run_here(requests)
+
+    def _run_here(self, requests: list[tuple[list[int], SamplingParams, str | None]]
                   ) -> list[RequestOutput]:
         """Queue the call's requests and step the engine until all of them finished, keeping
         only their own outputs. On any exception or interrupt, abort the ones still running."""
-        with self._lock:
-            ids: list[str] = []
-            done: dict[str, RequestOutput] = {}
-            try:
-                for prompt_ids, params, text in requests:
-                    ids.append(self.engine.add_request(prompt_ids, params, prompt=text))
-                wanted = set(ids)
-                while len(done) < len(ids):
-                    if not self.engine.has_unfinished():
-                        raise RuntimeError("the engine went idle with requests unfinished")
-                    for delta in self.engine.step():
-                        if delta.finished and delta.request_id in wanted:
-                            if delta.error is not None:
-                                raise delta.error
-                            done[delta.request_id] = delta.output
-            except BaseException:
-                self._abort([r for r in ids if r not in done])
-                raise
-            return [done[r] for r in ids]
+        ids: list[str] = []
+        done: dict[str, RequestOutput] = {}
+        try:
+            for prompt_ids, params, text in requests:
+                ids.append(self.engine.add_request(prompt_ids, params, prompt=text))
+            wanted = set(ids)
+            while len(done) < len(ids):
+                if not self.engine.has_unfinished():
+                    raise RuntimeError("the engine went idle with requests unfinished")
+                for delta in self.engine.step():
+                    if delta.finished and delta.request_id in wanted:
+                        if delta.error is not None:
+                            raise delta.error
+                        done[delta.request_id] = delta.output
+        except BaseException:
+            self._abort([r for r in ids if r not in done])
+            raise
+        return [done[r] for r in ids]
 
     def _abort(self, request_ids: list[str]) -> None:
         """Abort requests and step until the engine has let go of them."""

@@ -123,3 +123,42 @@ def test_two_threads_times_several_calls_each_get_their_own_results(llm, referen
         assert tokens == reference[t:] + reference[:t]
     assert len(results) == 6
     assert_idle(llm)
+
+
+def test_calls_run_concurrently_through_an_async_engine_and_serially_again_after_it(llm, reference):
+    from specserve.engine.async_engine import AsyncEngine
+
+    engine = AsyncEngine.from_llm(llm)
+    try:
+        with pytest.raises(RuntimeError, match="already runs"):
+            AsyncEngine.from_llm(llm)
+        results, errors = {}, []
+
+        def worker(t: int) -> None:
+            try:
+                for call in range(2):
+                    outs = llm.generate(PROMPTS[t:] + PROMPTS[:t], greedy())
+                    results[t, call] = [o.token_ids for o in outs]
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not errors and len(results) == 6
+        for (t, _), tokens in results.items():
+            assert tokens == reference[t:] + reference[:t]
+        undo = hook_forward(llm, 2, RuntimeError("boom"))
+        try:
+            with pytest.raises(RuntimeError, match="boom"):
+                llm.generate(PROMPTS, greedy())
+        finally:
+            undo()
+        with pytest.raises(ValueError, match=r"prompts\[1\]"):
+            llm.generate([PROMPTS[0], [10 ** 6]], greedy())
+    finally:
+        engine.shutdown(timeout=10)
+    assert_idle(llm)
+    assert [o.token_ids for o in llm.generate(PROMPTS, greedy())] == reference

@@ -19,7 +19,7 @@ import uuid
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from specserve.engine.engine import LLMEngine
-from specserve.engine.outputs import EngineStats, RequestDelta, SpeculationOverride
+from specserve.engine.outputs import EngineStats, RequestDelta, RequestOutput, SpeculationOverride
 from specserve.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -43,10 +43,12 @@ class AsyncEngine:
 
     E.g. `engine = AsyncEngine.from_llm(LLM(...))`, then in a coroutine
     `async for delta in engine.stream("Hello", SamplingParams(max_tokens=32)): ...`.
-    While an AsyncEngine runs an LLM's engine, use the AsyncEngine, not `LLM.generate`."""
+    While it runs an LLM's engine, that LLM's `generate`/`chat` go through it too (so they run
+    concurrently with streams and with each other), until `shutdown`."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, owner: "LLM | None" = None) -> None:
         self.engine = engine
+        self._owner = owner  # the LLM whose calls come through this engine while it runs
         self._callbacks: dict[str, DeltaCallback] = {}
         self._lock = threading.Lock()  # guards _callbacks
         self._wake = threading.Condition()  # work arrived / a step ended
@@ -58,14 +60,16 @@ class AsyncEngine:
 
     @classmethod
     def from_llm(cls, llm: "LLM") -> "AsyncEngine":
-        return cls(llm.engine)
+        """Drive `llm`'s engine (after any `generate` call in flight has returned)."""
+        return llm.drive_with(lambda: cls(llm.engine, owner=llm))
 
     # ------------------------------------------------------------------ requests
     def add(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
             speculation: SpeculationOverride | None = None,
-            on_delta: DeltaCallback | None = None) -> str:
+            on_delta: DeltaCallback | None = None, text: str | None = None) -> str:
         """Queue a request from any thread; `on_delta` is called on the engine thread with each
-        of its deltas. Invalid input raises ValueError naming the field."""
+        of its deltas (`text`: the prompt's text to report when `prompt` is token ids).
+        Invalid input raises ValueError naming the field."""
         if self._closing:
             raise EngineClosed("the engine is shutting down")
         prompt_ids = self._encode(prompt)
@@ -78,7 +82,7 @@ class AsyncEngine:
                 self._callbacks[request_id] = on_delta
         try:
             self.engine.add_request(prompt_ids, params, request_id,
-                                    prompt if isinstance(prompt, str) else None, speculation)
+                                    prompt if isinstance(prompt, str) else text, speculation)
         except BaseException:
             with self._lock:
                 self._callbacks.pop(request_id, None)
@@ -90,6 +94,38 @@ class AsyncEngine:
         """Finish a request with "abort" and free its memory (any thread, any moment)."""
         self.engine.abort_request(request_id)
         self._notify()
+
+    def generate(self, requests: list[tuple[list[int], SamplingParams, str | None]]
+                 ) -> list[RequestOutput]:
+        """Run `(prompt ids, params, prompt text)` requests to the end and return their outputs
+        in order, blocking the calling thread (not the engine's). Any exception or interrupt
+        while waiting aborts them; a request that failed in the engine raises its error."""
+        if not requests:
+            return []
+        finals: dict[str, RequestDelta] = {}
+        guard, all_done = threading.Lock(), threading.Event()
+
+        def on_delta(delta: RequestDelta) -> None:
+            if delta.finished:
+                with guard:
+                    finals[delta.request_id] = delta
+                    if len(finals) == len(requests):
+                        all_done.set()
+
+        ids: list[str] = []
+        try:
+            for prompt_ids, params, text in requests:
+                ids.append(self.add(prompt_ids, params, on_delta=on_delta, text=text))
+            all_done.wait()
+        except BaseException:
+            for rid in ids:
+                if rid not in finals:
+                    self.abort(rid)
+            raise
+        for rid in ids:
+            if finals[rid].error is not None:
+                raise finals[rid].error
+        return [finals[rid].output for rid in ids]
 
     async def stream(self, prompt: str | list[int], params: SamplingParams,
                      request_id: str | None = None,
@@ -146,6 +182,8 @@ class AsyncEngine:
             self._stopping = True
             self._wake.notify_all()
         self._thread.join()
+        if self._owner is not None:
+            self._owner.drive_with(None, driver=self)
 
     # ------------------------------------------------------------------ the thread
     def _notify(self) -> None:
