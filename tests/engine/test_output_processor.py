@@ -357,3 +357,42 @@ def test_automatic_request_ids_skip_ids_chosen_by_callers():
         engine.add_request([0], greedy(max_tokens=2), request_id=rid)
     automatic = {engine.add_request([0], greedy(max_tokens=2)) for _ in range(5)}
     assert len(automatic) == 5 and not automatic & chosen
+
+
+def byte_level_tokenizer():
+    """A real byte-level BPE tokenizer (the `tokenizers` library): one token per byte, some
+    whole multi-byte characters, some pieces of them, and a special EOS token."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from specserve.models.tokenizer import Tokenizer
+
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    shifted = iter(range(256, 512))
+    char_of = {b: chr(b) if b in printable else chr(next(shifted)) for b in range(256)}
+
+    def token(data: bytes) -> str:
+        return "".join(char_of[b] for b in data)
+
+    pieces = ["é", "€", "😀", "日本", " the"]
+    vocab = [token(bytes([b])) for b in range(256)] + [token(w.encode()) for w in pieces]
+    vocab += [token(p) for p in (b"\xf0\x9f", b"\x98\x80", b"\xe2\x82", b"\xac ")] + ["<eos>"]
+    backend = HFTokenizer(models.BPE({t: i for i, t in enumerate(vocab)}, []))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<eos>"])
+    return Tokenizer(backend, frozenset({len(vocab) - 1}), None, False, None, {}), len(vocab)
+
+
+def test_incremental_text_equals_a_full_decode_for_random_token_sequences():
+    """Seeded: token by token (plus the final flush) gives exactly what decoding the whole
+    sequence at once gives, whatever the byte splits, invalid bytes and specials."""
+    import random
+
+    tokenizer, vocab = byte_level_tokenizer()
+    rng = random.Random(0)
+    for _ in range(2000):
+        ids = [rng.randrange(vocab) for _ in range(rng.randint(1, 16))]
+        detok = IncrementalDetokenizer(tokenizer)
+        text = "".join(detok.push(t) for t in ids) + detok.flush()
+        assert text == tokenizer.decode(ids), ids
