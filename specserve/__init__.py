@@ -2,7 +2,7 @@
 
 from specserve.sampling.params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["AsyncEngine", "LLM", "SamplingParams"]
 __version__ = "0.1.0"
 
 
@@ -11,4 +11,8 @@ def __getattr__(name: str):
         from specserve.llm import LLM
 
         return LLM
+    if name == "AsyncEngine":
+        from specserve.engine.async_engine import AsyncEngine
+
+        return AsyncEngine
     raise AttributeError(name)
