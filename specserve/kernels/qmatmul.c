@@ -37,11 +37,12 @@
  *   once for up to ROWS activation rows while it sits in registers (4 with AVX2's 16 vector
  *   registers, 8 with AVX-512's 32), so a verify pass costs arithmetic, not another trip
  *   through memory. The lanes are summed exactly (as doubles) per super-block.
- * - prefill (AVX-512 VNNI, many rows, `tile_rows`): 16 outputs in the lanes × 6 rows.
- *   The weights of 16 outputs are rearranged once per call so that vpdpbusd multiplies 4
- *   inputs of each output by 4 broadcast activation bytes; a block is 8 such steps into one
- *   register, scaled once by the 16 outputs' block scales: about half the decode loop's
- *   vector multiplies per product, and its float steps shared by 16 outputs.
+ * - prefill (many rows, `tile_rows`): AVX-512 VNNI, 16 outputs in the lanes × 6 rows; AVX2,
+ *   4-bit weights only, 8 outputs × 3 rows. The weights of the outputs are rearranged once
+ *   per call so that vpdpbusd (AVX2: pmaddubsw) multiplies 4 inputs of each output by 4
+ *   broadcast activation bytes; a block is 8 such steps into one register, scaled once by
+ *   the outputs' block scales: about half the decode loop's vector multiplies per product,
+ *   and its float steps shared by all the outputs of the register.
  *
  * 8-bit weights use pmaddubsw on |w| and the activations carrying w's sign.
  *
@@ -328,17 +329,23 @@ static void output_tiles(int bits, const uint8_t *qs, const int16_t *sc, const f
     }
 }
 
+/* ---- prefill tiles: TOUT outputs in the lanes × TROWS rows ----
+ * The weights of TOUT outputs are first rearranged (once per call and block of outputs) so
+ * that one register holds 4 consecutive inputs of each of the outputs. AVX-512 VNNI:
+ * vpdpbusd multiplies them by 4 broadcast activation bytes of a row and sums each group of 4
+ * into its output's lane, so a block of 32 inputs is 8 such steps into one register; AVX2
+ * (4 bits only): pmaddubsw, its 16-bit pair sums added up over the block's 8 steps (≤ 8·3810,
+ * no overflow), then one pmaddwd by 1. Either way each block is scaled once by the outputs'
+ * block scales and summed exactly over the super-block (64-bit integers, or doubles). The
+ * float steps are the decode loop's, lane by lane, so every row gets the same bits as there.
+ * Rows past the last full tile and outputs past the last full TOUT take the decode loop. */
 #if QM_AVX512
-/* ---- prefill tiles (AVX-512 VNNI): 16 outputs in the lanes × TROWS rows ----
- * The weights of 16 outputs are first rearranged (once per call and block of outputs) so
- * that one zmm holds 4 consecutive inputs of each of the 16 outputs; vpdpbusd then multiplies
- * them by 4 broadcast activation bytes of a row and sums each group of 4 into its output's
- * lane: a block of 32 inputs is 8 such steps into one register, scaled once by the 16 block
- * scales, widened and summed exactly in 64 bits over the super-block. The float steps are the
- * decode loop's, lane by lane, so every row gets the same bits as there. Rows past the last
- * full tile and outputs past the last full 16 take the decode loop. */
 #define TOUT 16
 #define TROWS 6
+#else
+#define TOUT 8
+#define TROWS 3
+#endif
 
 typedef struct {
     uint8_t *w;      /* [nb][8][16][4] weight bytes: 4 bits q (unsigned), 8 bits q (signed) */
@@ -373,6 +380,7 @@ static void pack_outputs(int bits, const uint8_t *qs, const int16_t *sc, const f
     }
 }
 
+#if QM_AVX512
 /* y[r, o0..o0 + 16] for TROWS rows from `a` (8 bits: the activations + 128). */
 static inline __attribute__((always_inline)) void tile_rows(
     int bits, const packed_t *pk, int64_t k, int64_t sb, const int8_t *a, const float *da,
@@ -431,13 +439,69 @@ static inline __attribute__((always_inline)) void tile_rows(
         _mm512_storeu_ps(y + r * n, _mm512_add_ps(_mm512_add_ps(main[r], m), tail));
     }
 }
+#else
+/* y[r, o0..o0 + 8] for TROWS rows, 4-bit weights. */
+static inline __attribute__((always_inline)) void tile_rows(
+    int bits, const packed_t *pk, int64_t k, int64_t sb, const int8_t *a, const float *da,
+    const float *dsa, int64_t n, float *y) {
+    (void)bits;
+    const int64_t nb = k / QK, ns = k / sb, per = sb / QK;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 main[TROWS];
+    for (int r = 0; r < TROWS; r++) main[r] = _mm256_setzero_ps();
+    for (int64_t s = 0; s < ns; s++) {
+        __m256d lo[TROWS], hi[TROWS];
+        for (int r = 0; r < TROWS; r++) lo[r] = hi[r] = _mm256_setzero_pd();
+        for (int64_t b = s * per; b < (s + 1) * per; b++) {
+            __m256i t[TROWS];
+            for (int r = 0; r < TROWS; r++) t[r] = _mm256_setzero_si256();
+            for (int g = 0; g < 8; g++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(pk->w + (b * 8 + g) * 32));
+                for (int r = 0; r < TROWS; r++) {
+                    int32_t four;
+                    memcpy(&four, a + r * k + b * QK + 4 * g, 4);
+                    t[r] = _mm256_add_epi16(t[r], _mm256_maddubs_epi16(w, _mm256_set1_epi32(four)));
+                }
+            }
+            const __m256i scale = _mm256_loadu_si256((const __m256i *)(pk->sc + b * TOUT));
+            for (int r = 0; r < TROWS; r++) {
+                const __m256i prod = _mm256_mullo_epi32(_mm256_madd_epi16(t[r], ones), scale);
+                lo[r] = _mm256_add_pd(lo[r], _mm256_cvtepi32_pd(_mm256_castsi256_si128(prod)));
+                hi[r] = _mm256_add_pd(hi[r], _mm256_cvtepi32_pd(_mm256_extracti128_si256(prod, 1)));
+            }
+        }
+        const __m256 ds = _mm256_loadu_ps(pk->dsup + s * TOUT);
+        for (int r = 0; r < TROWS; r++) {
+            const __m256 isum = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo[r])),
+                                                     _mm256_cvtpd_ps(hi[r]), 1);
+            main[r] = _mm256_fmadd_ps(isum, _mm256_mul_ps(ds, _mm256_set1_ps(da[r * ns + s])), main[r]);
+        }
+    }
+    for (int r = 0; r < TROWS; r++) {  /* the minimum term, as finish_rows sums it */
+        __m256 lane[8];
+        for (int j = 0; j < 8; j++) lane[j] = _mm256_setzero_ps();
+        int64_t b = 0;
+        for (; b + 8 <= nb; b += 8)
+            for (int j = 0; j < 8; j++)
+                lane[j] = _mm256_fmadd_ps(_mm256_loadu_ps(pk->mins + (b + j) * TOUT),
+                                          _mm256_set1_ps(dsa[r * nb + b + j]), lane[j]);
+        const __m256 m = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(lane[0], lane[4]), _mm256_add_ps(lane[2], lane[6])),
+            _mm256_add_ps(_mm256_add_ps(lane[1], lane[5]), _mm256_add_ps(lane[3], lane[7])));
+        __m256 tail = _mm256_setzero_ps();
+        for (; b < nb; b++)
+            tail = _mm256_add_ps(tail, _mm256_mul_ps(_mm256_loadu_ps(pk->mins + b * TOUT),
+                                                     _mm256_set1_ps(dsa[r * nb + b])));
+        _mm256_storeu_ps(y + r * n, _mm256_add_ps(_mm256_add_ps(main[r], m), tail));
+    }
+}
 #endif
 
 /* y [rows, n] = x [rows, k] · Wᵀ with `bits`-bit weights (4 or 8). `path`: 1 walks the
  * outputs one by one, each over all rows (decode, verify); 2 walks blocks of outputs × blocks
- * of rows (prefill: the AVX-512 build's tiles of 16 outputs × 6 rows); 0 picks by the number
- * of rows. Every path gives the same bits per row. Returns 0, −1 when out of memory, −2 on
- * bad arguments. */
+ * of rows (prefill: the tiles; the AVX2 build's 8-bit weights, blocks of outputs × blocks of
+ * rows through the decode loop); 0 picks by the number of rows (PREFILL_ROWS). Every path
+ * gives the same bits per row. Returns 0, −1 when out of memory, −2 on bad arguments. */
 int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, const uint8_t *qs,
              const int16_t *sc, const float *dsup, const uint16_t *mins, int64_t n, float *y,
              int path) {
@@ -448,7 +512,7 @@ int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, cons
     int64_t row_block = ROW_BYTES / (k > 0 ? k : 1) / ROWS * ROWS;
     row_block = row_block < ROWS ? ROWS : row_block;
     if (path == 0) path = rows >= PREFILL_ROWS ? 2 : 1;
-    const int tiles = QM_AVX512 && path == 2;
+    const int tiles = path == 2 && (QM_AVX512 || bits == 4);  /* AVX2: 4-bit tiles only */
     int8_t *qa = aligned_alloc(64, ((size_t)(rows * k) + 63) / 64 * 64 + 64);
     int8_t *qu = tiles && bits == 8 ? aligned_alloc(64, ((size_t)(rows * k) + 63) / 64 * 64 + 64) : NULL;
     float *da = malloc(sizeof(float) * (size_t)(rows * ns + 1));
@@ -473,7 +537,6 @@ int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, cons
 #pragma omp for schedule(static)
             for (int64_t o = 0; o < n; o++)
                 output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, 0, rows, y);
-#if QM_AVX512
         } else if (tiles) {
             packed_t pk = {aligned_alloc(64, (size_t)(nb * 8 * TOUT * 4)),
                            aligned_alloc(64, (size_t)(nb * TOUT * 4)),
@@ -505,7 +568,6 @@ int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, cons
             for (int64_t o = blocks * TOUT; o < n; o++)  /* the outputs left over */
                 output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, 0, rows, y);
             free(pk.w), free(pk.sc), free(pk.wsum), free(pk.dsup), free(pk.mins);
-#endif
         } else {
             const int64_t blocks = (n + OUT_BLOCK - 1) / OUT_BLOCK;
 #pragma omp for schedule(static)
