@@ -27,7 +27,7 @@ from specserve.server.guard import Guard
 from specserve.server.metrics import CONTENT_TYPE, ServerMetrics
 from specserve.server.preparation import Job, ModelLimits, chat_jobs, completion_jobs
 from specserve.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                       CompletionResponse, ErrorResponse, ModelList, _SamplingFields)
+                                       CompletionResponse, ErrorResponse, ModelList, SamplingFields)
 from specserve.server.responses import Responder, Shape
 from specserve.server.streams import merged, unless_disconnected
 
@@ -135,7 +135,7 @@ def _prepare(state: ServerState, make_jobs) -> list[Job]:
     return make_jobs()
 
 
-async def _generate(state: ServerState, request: Request, body: _SamplingFields, jobs: list[Job],
+async def _generate(state: ServerState, request: Request, body: SamplingFields, jobs: list[Job],
                     shape: Shape, prefix: str, logprobs: int | None) -> Response:
     request_id = f"{prefix}-{uuid.uuid4().hex}"
     spec_on = state.limits.speculative and all(

@@ -10,7 +10,7 @@ from specserve.engine.outputs import SpeculationOverride
 from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.params import SamplingParams
 from specserve.server.errors import APIError, from_value_error
-from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 ROLE_ALIASES = {"developer": "system"}
 
@@ -78,7 +78,7 @@ def _encode(tokenizer: Tokenizer, text: str, param: str) -> list[int]:
         raise APIError(400, f"{param}: the text cannot be tokenized: {e}", param=param) from e
 
 
-def _job(req: _SamplingFields, ids: list[int], prompt_param: str, max_tokens: int | None,
+def _job(req: SamplingFields, ids: list[int], prompt_param: str, max_tokens: int | None,
          max_param: str, logprobs: int | None, limits: ModelLimits) -> Job:
     ctx = limits.max_model_len
     if not ids:
@@ -105,7 +105,7 @@ def _job(req: _SamplingFields, ids: list[int], prompt_param: str, max_tokens: in
     return Job(ids, params, speculation_override(req, limits))
 
 
-def speculation_override(req: _SamplingFields, limits: ModelLimits) -> SpeculationOverride | None:
+def speculation_override(req: SamplingFields, limits: ModelLimits) -> SpeculationOverride | None:
     """`speculative: false` → off; an object → its settings; omitted → the server's."""
     spec = req.speculative
     if spec is None:

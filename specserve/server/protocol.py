@@ -49,7 +49,7 @@ StopField = Union[str, Annotated[list[str], Field(max_length=16)], None]
 Seed = Annotated[int, Field(ge=-INT64, lt=INT64)]
 
 
-class _SamplingFields(_Body):
+class SamplingFields(_Body):
     """Fields shared by chat and text completions."""
 
     model: str = Field(description="the served model's name (see /v1/models)")
@@ -93,7 +93,7 @@ class ChatMessage(_Body):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
@@ -103,7 +103,7 @@ class ChatCompletionRequest(_SamplingFields):
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     prompt: Union[str, TokenIds, Annotated[list[str], Field(min_length=1, max_length=16)],
                   Annotated[list[TokenIds], Field(min_length=1, max_length=16)]]
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
