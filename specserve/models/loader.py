@@ -219,11 +219,12 @@ def _cache_key(source: Path, directory: Path, fmt: str, dtype: torch.dtype) -> d
 
 def _skeleton(cfg: ModelConfig, dense: dict[str, torch.Tensor],
               shapes: dict[str, tuple[int, ...]]) -> Transformer:
-    """A `Transformer` whose projections are shape-only placeholders (meta tensors, which
-    any use would refuse) until the quantized layers replace them."""
+    """A `Transformer` whose projections are empty placeholders (no rows) until the quantized
+    layers replace them (callers replace every one). Not meta tensors: the first meta-device
+    op imports half of torch's compiler stack, ~1 s."""
     weights = dict(dense)
     for name, shape in shapes.items():
-        weights[name] = torch.empty(shape, device="meta")
+        weights[name] = torch.empty((0, *shape[1:]))
     return Transformer(cfg, weights)
 
 
