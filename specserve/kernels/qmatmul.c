@@ -155,13 +155,15 @@ static inline __attribute__((always_inline)) void finish_rows(
 #if QM_AVX512
 /* Lane r: the exact sum of d[r]'s 8 lanes (integers in doubles: every partial sum exact). */
 static inline __m256 row_totals(const __m512d *d) {
-    const __m512d a01 = _mm512_add_pd(_mm512_unpacklo_pd(d[0], d[1]), _mm512_unpackhi_pd(d[0], d[1]));
-    const __m512d a23 = _mm512_add_pd(_mm512_unpacklo_pd(d[2], d[3]), _mm512_unpackhi_pd(d[2], d[3]));
-    const __m512d a45 = _mm512_add_pd(_mm512_unpacklo_pd(d[4], d[5]), _mm512_unpackhi_pd(d[4], d[5]));
-    const __m512d a67 = _mm512_add_pd(_mm512_unpacklo_pd(d[6], d[7]), _mm512_unpackhi_pd(d[6], d[7]));
-    const __m512d b = _mm512_add_pd(_mm512_shuffle_f64x2(a01, a23, 0x88), _mm512_shuffle_f64x2(a01, a23, 0xDD));
-    const __m512d c = _mm512_add_pd(_mm512_shuffle_f64x2(a45, a67, 0x88), _mm512_shuffle_f64x2(a45, a67, 0xDD));
-    return _mm512_cvtpd_ps(_mm512_add_pd(_mm512_shuffle_f64x2(b, c, 0x88), _mm512_shuffle_f64x2(b, c, 0xDD)));
+#define PAIR(u, v) _mm512_add_pd(_mm512_unpacklo_pd(u, v), _mm512_unpackhi_pd(u, v))
+#define HALVES(u, v) \
+    _mm512_add_pd(_mm512_shuffle_f64x2(u, v, 0x88), _mm512_shuffle_f64x2(u, v, 0xDD))
+    const __m512d a01 = PAIR(d[0], d[1]), a23 = PAIR(d[2], d[3]);
+    const __m512d a45 = PAIR(d[4], d[5]), a67 = PAIR(d[6], d[7]);
+    const __m512d b = HALVES(a01, a23), c = HALVES(a45, a67);
+    return _mm512_cvtpd_ps(HALVES(b, c));  /* lanes: rows 0..7 */
+#undef PAIR
+#undef HALVES
 }
 
 /* y[r] for rows 0..nr of one output; `bits` and nr (≤ ROWS) are constants after inlining.
@@ -185,7 +187,8 @@ static inline __attribute__((always_inline)) void output_rows(
             _mm_prefetch((const char *)q + PREFETCH, _MM_HINT_T0);
             __m512i w, sign = mask;
             if (bits == 4) {
-                const __m512i packed = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
+                const __m512i packed =
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
                 w = _mm512_and_si512(_mm512_srlv_epi16(packed, shift), mask);
             } else {
                 _mm_prefetch((const char *)q + PREFETCH + 64, _MM_HINT_T0);
@@ -201,17 +204,21 @@ static inline __attribute__((always_inline)) void output_rows(
                 isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(w, a), scale);
             }
         }
-        __m512d d[8];
-        for (int r = 0; r < 8; r++)
-            d[r] = r < nr ? _mm512_cvtepi32_pd(_mm256_add_epi32(
-                                _mm512_castsi512_si256(isum[r]), _mm512_extracti64x4_epi64(isum[r], 1)))
-                          : _mm512_setzero_pd();
+        __m512d d[8];  /* each row's lanes, folded to 8, exact, as doubles */
+        for (int r = 0; r < 8; r++) {
+            const __m256i lanes = r < nr ? _mm256_add_epi32(_mm512_castsi512_si256(isum[r]),
+                                                            _mm512_extracti64x4_epi64(isum[r], 1))
+                                         : _mm256_setzero_si256();
+            d[r] = _mm512_cvtepi32_pd(lanes);
+        }
         if (nr <= 2) {  /* few rows: each row's total on its own (the same exact value) */
             for (int r = 0; r < nr; r++)
-                mains[r] = fmaf((float)_mm512_reduce_add_pd(d[r]), dsup[s] * dat[s * stride + r], mains[r]);
+                mains[r] = fmaf((float)_mm512_reduce_add_pd(d[r]), dsup[s] * dat[s * stride + r],
+                                mains[r]);
         } else {
-            mainv = _mm256_fmadd_ps(row_totals(d), _mm256_mul_ps(_mm256_set1_ps(dsup[s]),
-                                                                 _mm256_loadu_ps(dat + s * stride)), mainv);
+            const __m256 scale =
+                _mm256_mul_ps(_mm256_set1_ps(dsup[s]), _mm256_loadu_ps(dat + s * stride));
+            mainv = _mm256_fmadd_ps(row_totals(d), scale, mainv);
         }
     }
     float main[8];
@@ -262,8 +269,8 @@ static inline __attribute__((always_inline)) void output_rows(
                 }
                 const __m256i p0 = _mm256_maddubs_epi16(w0, a0);
                 const __m256i p1 = _mm256_maddubs_epi16(w1, a1);
-                isum[r] = _mm256_add_epi32(
-                    isum[r], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+                isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(p0, s0),
+                                                                     _mm256_madd_epi16(p1, s1)));
             }
         }
         __m256d d[4];  /* each row's 8 lanes, exact, in 4 doubles */
@@ -279,8 +286,8 @@ static inline __attribute__((always_inline)) void output_rows(
             const __m256d h01 = _mm256_hadd_pd(d[0], d[1]), h23 = _mm256_hadd_pd(d[2], d[3]);
             const __m256d tot = _mm256_add_pd(_mm256_permute2f128_pd(h01, h23, 0x20),
                                               _mm256_permute2f128_pd(h01, h23, 0x31));
-            mainv = _mm_fmadd_ps(_mm256_cvtpd_ps(tot), _mm_mul_ps(_mm_set1_ps(dsup[s]),
-                                                                  _mm_loadu_ps(dat + s * stride)), mainv);
+            const __m128 scale = _mm_mul_ps(_mm_set1_ps(dsup[s]), _mm_loadu_ps(dat + s * stride));
+            mainv = _mm_fmadd_ps(_mm256_cvtpd_ps(tot), scale, mainv);
         }
     }
     float main[4];
@@ -400,7 +407,8 @@ static inline __attribute__((always_inline)) void tile_rows(
                     int32_t four;
                     memcpy(&four, a + r * k + b * QK + 4 * g, 4);
                     const __m512i x = _mm512_set1_epi32(four);
-                    t[r] = bits == 4 ? _mm512_dpbusd_epi32(t[r], w, x) : _mm512_dpbusd_epi32(t[r], x, w);
+                    t[r] = bits == 4 ? _mm512_dpbusd_epi32(t[r], w, x)
+                                     : _mm512_dpbusd_epi32(t[r], x, w);
                 }
             }
             const __m512i scale = _mm512_loadu_si512((const void *)(pk->sc + b * TOUT));
@@ -409,15 +417,19 @@ static inline __attribute__((always_inline)) void tile_rows(
             for (int r = 0; r < TROWS; r++) {
                 const __m512i prod = _mm512_mullo_epi32(
                     bits == 8 ? _mm512_sub_epi32(t[r], bias) : t[r], scale);
-                lo[r] = _mm512_add_epi64(lo[r], _mm512_cvtepi32_epi64(_mm512_castsi512_si256(prod)));
-                hi[r] = _mm512_add_epi64(hi[r], _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(prod, 1)));
+                const __m256i low = _mm512_castsi512_si256(prod);
+                const __m256i high = _mm512_extracti64x4_epi64(prod, 1);
+                lo[r] = _mm512_add_epi64(lo[r], _mm512_cvtepi32_epi64(low));
+                hi[r] = _mm512_add_epi64(hi[r], _mm512_cvtepi32_epi64(high));
             }
         }
         const __m512 ds = _mm512_loadu_ps(pk->dsup + s * TOUT);
         for (int r = 0; r < TROWS; r++) {
-            const __m512 isum = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtepi64_ps(lo[r])),
+            const __m512 isum = _mm512_insertf32x8(
+                _mm512_castps256_ps512(_mm512_cvtepi64_ps(lo[r])),
                                                    _mm512_cvtepi64_ps(hi[r]), 1);
-            main[r] = _mm512_fmadd_ps(isum, _mm512_mul_ps(ds, _mm512_set1_ps(da[r * ns + s])), main[r]);
+            const __m512 scale = _mm512_mul_ps(ds, _mm512_set1_ps(da[r * ns + s]));
+            main[r] = _mm512_fmadd_ps(isum, scale, main[r]);
         }
     }
     for (int r = 0; r < TROWS; r++) {  /* the minimum term, as finish_rows sums it */
@@ -430,8 +442,11 @@ static inline __attribute__((always_inline)) void tile_rows(
                 for (int j = 0; j < 8; j++)
                     lane[j] = _mm512_fmadd_ps(_mm512_loadu_ps(pk->mins + (b + j) * TOUT),
                                               _mm512_set1_ps(dsa[r * nb + b + j]), lane[j]);
-            m = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(lane[0], lane[4]), _mm512_add_ps(lane[2], lane[6])),
-                              _mm512_add_ps(_mm512_add_ps(lane[1], lane[5]), _mm512_add_ps(lane[3], lane[7])));
+            const __m512 even = _mm512_add_ps(_mm512_add_ps(lane[0], lane[4]),
+                                              _mm512_add_ps(lane[2], lane[6]));
+            const __m512 odd = _mm512_add_ps(_mm512_add_ps(lane[1], lane[5]),
+                                             _mm512_add_ps(lane[3], lane[7]));
+            m = _mm512_add_ps(even, odd);
             for (; b < nb; b++)
                 tail = _mm512_add_ps(tail, _mm512_mul_ps(_mm512_loadu_ps(pk->mins + b * TOUT),
                                                          _mm512_set1_ps(dsa[r * nb + b])));
@@ -474,7 +489,8 @@ static inline __attribute__((always_inline)) void tile_rows(
         for (int r = 0; r < TROWS; r++) {
             const __m256 isum = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo[r])),
                                                      _mm256_cvtpd_ps(hi[r]), 1);
-            main[r] = _mm256_fmadd_ps(isum, _mm256_mul_ps(ds, _mm256_set1_ps(da[r * ns + s])), main[r]);
+            const __m256 scale = _mm256_mul_ps(ds, _mm256_set1_ps(da[r * ns + s]));
+            main[r] = _mm256_fmadd_ps(isum, scale, main[r]);
         }
     }
     for (int r = 0; r < TROWS; r++) {  /* the minimum term, as finish_rows sums it */
@@ -497,6 +513,10 @@ static inline __attribute__((always_inline)) void tile_rows(
 }
 #endif
 
+/* output o, rows r0..r1 through the decode loop */
+#define OUTPUT_TILES(o, r0, r1, y) \
+    output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, r0, r1, y)
+
 /* y [rows, n] = x [rows, k] · Wᵀ with `bits`-bit weights (4 or 8). `path`: 1 walks the
  * outputs one by one, each over all rows (decode, verify); 2 walks blocks of outputs × blocks
  * of rows (prefill: the tiles; the AVX2 build's 8-bit weights, blocks of outputs × blocks of
@@ -513,8 +533,9 @@ int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, cons
     row_block = row_block < ROWS ? ROWS : row_block;
     if (path == 0) path = rows >= PREFILL_ROWS ? 2 : 1;
     const int tiles = path == 2 && (QM_AVX512 || bits == 4);  /* AVX2: 4-bit tiles only */
-    int8_t *qa = aligned_alloc(64, ((size_t)(rows * k) + 63) / 64 * 64 + 64);
-    int8_t *qu = tiles && bits == 8 ? aligned_alloc(64, ((size_t)(rows * k) + 63) / 64 * 64 + 64) : NULL;
+    const size_t act_bytes = ((size_t)(rows * k) + 63) / 64 * 64 + 64;
+    int8_t *qa = aligned_alloc(64, act_bytes);
+    int8_t *qu = tiles && bits == 8 ? aligned_alloc(64, act_bytes) : NULL;
     float *da = malloc(sizeof(float) * (size_t)(rows * ns + 1));
     float *dsa = malloc(sizeof(float) * (size_t)(rows * nb + 1));
     const int64_t stride = (rows + 7) / 8 * 8 + 8;  /* rows of dat, padded: tiles read 8 lanes */
@@ -536,7 +557,7 @@ int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, cons
         } else if (path == 1) {
 #pragma omp for schedule(static)
             for (int64_t o = 0; o < n; o++)
-                output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, 0, rows, y);
+                OUTPUT_TILES(o, 0, rows, y);
         } else if (tiles) {
             packed_t pk = {aligned_alloc(64, (size_t)(nb * 8 * TOUT * 4)),
                            aligned_alloc(64, (size_t)(nb * TOUT * 4)),
@@ -557,16 +578,18 @@ int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, cons
                 const int8_t *act = bits == 8 ? qu : qa;
                 for (int64_t r = 0; r < full_rows; r += TROWS) {
                     if (bits == 4)
-                        tile_rows(4, &pk, k, sb, act + r * k, da + r * ns, dsa + r * nb, n, y + r * n + o0);
+                        tile_rows(4, &pk, k, sb, act + r * k, da + r * ns, dsa + r * nb, n,
+                                  y + r * n + o0);
                     else
-                        tile_rows(8, &pk, k, sb, act + r * k, da + r * ns, dsa + r * nb, n, y + r * n + o0);
+                        tile_rows(8, &pk, k, sb, act + r * k, da + r * ns, dsa + r * nb, n,
+                                  y + r * n + o0);
                 }
                 for (int64_t o = o0; o < o0 + TOUT; o++)  /* the rows left over */
-                    output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, full_rows, rows, y);
+                    OUTPUT_TILES(o, full_rows, rows, y);
             }
 #pragma omp for schedule(static)
             for (int64_t o = blocks * TOUT; o < n; o++)  /* the outputs left over */
-                output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, 0, rows, y);
+                OUTPUT_TILES(o, 0, rows, y);
             free(pk.w), free(pk.sc), free(pk.wsum), free(pk.dsup), free(pk.mins);
         } else {
             const int64_t blocks = (n + OUT_BLOCK - 1) / OUT_BLOCK;
@@ -576,7 +599,7 @@ int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, cons
                 for (int64_t r0 = 0; r0 < rows; r0 += row_block) {
                     const int64_t r1 = r0 + row_block < rows ? r0 + row_block : rows;
                     for (int64_t o = o0; o < o1; o++)
-                        output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, r0, r1, y);
+                        OUTPUT_TILES(o, r0, r1, y);
                 }
             }
         }
