@@ -175,13 +175,13 @@ def test_a_conversations_next_turns_land_on_the_replica_holding_its_prefix(serve
     previous prompt and its answer; every turn goes where the first one went."""
     prompt = "a conversation about " + " ".join(f"w{i}" for i in range(30))
     landed = []
-    for turn in range(4):
+    for turn in range(6):
         before = replica_figures(server)[1]
         answer = completion(client, prompt, temperature=0, max_tokens=8, extra_body={"ignore_eos": True})
         after = replica_figures(server)[1]
         landed += [r for r in after if after[r] > before.get(r, 0)]
         prompt = f"{prompt}{answer} and then {turn}"
-    assert len(landed) == 4 and len(set(landed)) == 1, landed
+    assert len(landed) == 6 and len(set(landed)) == 1, landed  # by chance: 1 in 32
 
 
 # ----------------------------------------------------------------------------- a replica dies

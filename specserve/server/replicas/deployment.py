@@ -85,6 +85,7 @@ class EngineReplica:
         from specserve.llm import LLM
 
         self.replica = serve.get_replica_context().replica_id.unique_id
+        _foreground_priority()
         self.llm = LLM(**llm_kwargs)
         self.engine = AsyncEngine.from_llm(self.llm)
         self.board, self.served = board, 0
@@ -131,3 +132,15 @@ class EngineReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown(0)
+
+
+def _foreground_priority() -> None:
+    """Ray runs workers at nice 15 unless its cluster was started with RAY_worker_niceness=0; an
+    engine at nice 15 gets a sliver of a busy machine. Back to 0 where allowed (threads made
+    from here on, the engine's and OpenMP's, inherit it)."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except OSError as e:  # no CAP_SYS_NICE: say how to fix it, serve anyway
+        log.warning("specserve: replica runs at nice %d (%s); start Ray with RAY_worker_niceness=0",
+                    os.getpriority(os.PRIO_PROCESS, 0), e)

@@ -58,6 +58,9 @@ def serve_replicas(args, spec: dict | None, budgets: dict) -> int:
     if args.ray_address:
         ray.init(address=args.ray_address, namespace=NAMESPACE)
     else:
+        # Ray starts workers at nice 15 (background priority): engines are the foreground work
+        os.environ.setdefault("RAY_worker_niceness", "0")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage reporter process
         ray.init(num_cpus=os.cpu_count(), object_store_memory=OBJECT_STORE_BYTES,
                  include_dashboard=False, namespace=NAMESPACE)
     pool = None

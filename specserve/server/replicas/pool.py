@@ -18,7 +18,6 @@ engine replicas, so `build_app` serves them unchanged.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import threading
