@@ -41,8 +41,9 @@ def start(args, replicas: int, log_path: str) -> tuple[subprocess.Popen, str]:
            "--no-access-log", "--log-level", "warning", "--served-model-name", "m"]
     if replicas:
         cmd += ["--replicas", str(replicas)]
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {})}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -77,8 +78,8 @@ def one(base: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
     return ttft or 0.0, time.perf_counter() - t0, tokens
 
 
-def tree_cpu_seconds(root: int) -> float:
-    """user + system CPU seconds of `root` and all its descendants (from /proc)."""
+def tree_cpu_seconds(root: int) -> tuple[float, float]:
+    """user + system CPU seconds of `root` and all its descendants, and of `root` alone (/proc)."""
     parent, cpu = {}, {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -97,7 +98,7 @@ def tree_cpu_seconds(root: int) -> float:
             if pp == p and child not in tree:
                 tree.add(child)
                 frontier.append(child)
-    return sum(cpu.get(p, 0.0) for p in tree)
+    return sum(cpu.get(p, 0.0) for p in tree), cpu.get(root, 0.0)
 
 
 def run(args, base: str, pid: int) -> dict:
@@ -125,11 +126,12 @@ def run(args, base: str, pid: int) -> dict:
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    cpu = tree_cpu_seconds(pid) - cpu0
+    cpu, http_cpu = (b - a for a, b in zip(cpu0, tree_cpu_seconds(pid)))
     q = statistics.quantiles(lat, n=20)
     return {"tokens_per_s": tokens[0] / wall, "requests_per_s": len(lat) / wall, "p50_s": statistics.median(lat),
             "p95_s": q[18], "ttft_p50_s": statistics.median(ttfts), "requests": len(lat), "errors": errors[:3],
-            "wall_s": wall, "cpu_s_per_1k_tokens": 1000 * cpu / max(tokens[0], 1)}
+            "wall_s": wall, "cpu_s_per_1k_tokens": 1000 * cpu / max(tokens[0], 1),
+            "http_cpu_s_per_1k_tokens": 1000 * http_cpu / max(tokens[0], 1)}
 
 
 def main() -> None:
@@ -140,10 +142,12 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=3, help="per client")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--kv-cache-memory", default="512MiB")
+    p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every engine (the "
+                   "replicas inherit it): the same threads per engine isolates Ray's overhead")
     p.add_argument("--log-dir", default="/tmp")
     args = p.parse_args()
     print(f"model {args.model}, {args.clients} clients x {args.requests} streamed requests of "
-          f"{args.max_tokens} tokens, {os.cpu_count()} cores")
+          f"{args.max_tokens} tokens, {os.cpu_count()} cores, OMP_NUM_THREADS {args.threads or 'unset'}")
     for n in args.replicas:
         proc, base = start(args, n, os.path.join(args.log_dir, f"serve-replicas-{n}.log"))
         try:
@@ -154,7 +158,7 @@ def main() -> None:
         label = "single process (no Ray)" if n == 0 else f"{n} replica(s) (Ray Serve)"
         print(f"{label:26s} {res['tokens_per_s']:7.1f} tok/s {res['requests_per_s']:6.2f} req/s  "
               f"p50 {res['p50_s']:6.2f} s  p95 {res['p95_s']:6.2f} s  TTFT p50 {res['ttft_p50_s']:5.2f} s  "
-              f"CPU {res['cpu_s_per_1k_tokens']:5.1f} s/1k tokens  "
+              f"CPU {res['cpu_s_per_1k_tokens']:5.1f} s/1k tokens (HTTP process {res['http_cpu_s_per_1k_tokens']:4.1f})  "
               f"({res['requests']} requests, {res['wall_s']:.0f} s; errors {res['errors']})", flush=True)
 
 
