@@ -186,5 +186,6 @@ def _top_p_threshold(probs: Tensor, top_p: float, known: Tensor | None) -> Tenso
         top = probs.topk(min(vocab, top.shape[-1] * TOP_P_WIDEN), dim=-1).values  # [n, width]
     mass_before = torch.zeros_like(top)  # [n, width]: mass of the more likely tokens
     mass_before[:, 1:] = top[:, :-1].cumsum(dim=-1)
-    num_kept = (mass_before < top_p).sum(dim=-1, keepdim=True)  # [n, 1], >= 1
+    # [n, 1]; at least the most likely token, also when top_p underflows in float32 (5e-324)
+    num_kept = (mass_before < top_p).sum(dim=-1, keepdim=True).clamp_min(1)
     return top.gather(-1, num_kept - 1)

@@ -113,6 +113,11 @@ def test_top_p_keeps_at_least_one_token_for_tiny_top_p():
     assert kept(run(logits_of(0.25, 0.75), top_p=1e-9)) == {1}
 
 
+def test_top_p_that_underflows_in_float32_still_keeps_the_most_likely_token():
+    # 5e-324 is a positive double but 0 in float32: no token's preceding mass is below it
+    assert kept(run(logits_of(0.25, 0.75), top_p=5e-324)) == {1}
+
+
 def test_top_p_applies_to_the_top_k_renormalised_distribution():
     logits = logits_of(0.4, 0.3, 0.2, 0.1)
     assert kept(run(logits, top_p=0.5)) == {0, 1}
