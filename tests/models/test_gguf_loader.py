@@ -42,7 +42,9 @@ def test_gguf_loads_to_same_logits_as_hf_directory(tmp_path, arch, types):
     assert (logits[0] - logits[1]).abs().max() <= 1e-4
     with torch.no_grad():
         ref = hf_model(torch.tensor([ids])).logits[0]
-    assert (logits[0] - ref).abs().max() <= 1e-4
+    # float32 with another summation order than PyTorch's (our batch-invariant matmul): logits
+    # of magnitude ~150 differ in their last bits, so the bound is relative
+    torch.testing.assert_close(logits[0], ref, rtol=1e-5, atol=1e-4)
 
 
 def test_gguf_tokenizer_and_template_come_from_the_file(tmp_path):
