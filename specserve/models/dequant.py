@@ -32,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderTensor
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 Q = GGMLQuantizationType
 # Decodes blocks [n, type_size] (contiguous uint8) into out [n, block_size] float32.
@@ -259,9 +259,3 @@ def dequantize(
         decode(chunk, out[start : start + step])
     return out.view(shape)
 
-
-def dequantize_tensor(reader_tensor: ReaderTensor, name: str | None = None) -> torch.Tensor:
-    """Dequantize a `gguf.ReaderTensor`, taking its type and (reversed) shape from it."""
-    shape = tuple(int(dim) for dim in reversed(reader_tensor.shape))
-    label = name if name is not None else reader_tensor.name
-    return dequantize(reader_tensor.data, reader_tensor.tensor_type, shape, name=label)

@@ -14,10 +14,10 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from specserve.models import dequant
-from specserve.models.dequant import SUPPORTED_TYPES, dequantize, dequantize_tensor
+from specserve.models.dequant import SUPPORTED_TYPES, dequantize
 from specserve.models.gguf_file import GGUFFile, GGUFTensor
 
 Q = GGMLQuantizationType
@@ -147,26 +147,6 @@ def test_bf16_matches_gguf_reference() -> None:
     assert_matches_gguf(raw, Q.BF16, (5, 12))
 
 
-def test_dequantize_tensor_reads_type_and_shape_from_a_gguf_file(tmp_path: Path) -> None:
-    rng = np.random.default_rng(5)
-    weights = {"f16": rng.standard_normal((3, 8)).astype(np.float16), "q8": rng.standard_normal((4, 64))}
-    q8_bytes = gguf.quants.quantize(weights["q8"].astype(np.float32), Q.Q8_0)
-    writer = GGUFWriter(tmp_path / "tiny.gguf", arch="llama")
-    writer.add_tensor("f16", weights["f16"])
-    writer.add_tensor("q8", q8_bytes, raw_dtype=Q.Q8_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-    tensors = {t.name: t for t in GGUFReader(tmp_path / "tiny.gguf").tensors}
-    f16 = dequantize_tensor(tensors["f16"])
-    torch.testing.assert_close(f16, torch.from_numpy(weights["f16"].astype(np.float32)), rtol=0, atol=0)
-    q8 = dequantize_tensor(tensors["q8"])
-    assert tuple(q8.shape) == (4, 64)
-    np.testing.assert_array_equal(q8.numpy(), gguf.quants.dequantize(q8_bytes, Q.Q8_0))
-
-
 def first_tensor(gguf_file: GGUFFile, qtype: GGMLQuantizationType) -> GGUFTensor:
     return next(t for t in gguf_file.tensors if t.qtype == qtype)
 
@@ -207,15 +187,6 @@ def test_unsupported_type_is_rejected_by_name() -> None:
     raw = np.zeros(84, dtype=np.uint8)  # one Q2_K block
     with pytest.raises(ValueError, match=r"unsupported GGUF tensor type Q2_K for tensor blk\.0\.w"):
         dequantize(raw, Q.Q2_K, (256,), name="blk.0.w")
-
-
-def test_dequantize_tensor_rejects_unsupported_type_with_tensor_name() -> None:
-    tensor = gguf.ReaderTensor(
-        name="blk.3.ffn_up.weight", tensor_type=Q.IQ2_XXS, shape=np.array([256, 1], dtype=np.uint64),
-        n_elements=256, n_bytes=66, data_offset=0, data=np.zeros((1, 66), dtype=np.uint8), field=None,
-    )
-    with pytest.raises(ValueError, match=r"IQ2_XXS for tensor blk\.3\.ffn_up\.weight"):
-        dequantize_tensor(tensor)
 
 
 def test_truncated_bytes_are_reported_with_expected_and_actual_counts() -> None:
