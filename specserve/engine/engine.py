@@ -27,7 +27,6 @@ from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.params import SamplingParams
 from specserve.sampling.processors import processed_probs
 from specserve.sampling.rejection import VerifyResult, verify, verify_greedy
-from specserve.sampling.stop import StopChecker
 from specserve.speculative.config import SpeculativeConfig
 from specserve.speculative.drafter import EMPTY, Drafter, Proposal
 from specserve.speculative.metrics import EngineMetrics
@@ -206,7 +205,7 @@ class LLMEngine:
         budget = params.tv_budget if params.tv_budget is not None else (
             self.spec.tv_budget if self.spec else 0.0)
         seq = Sequence(next(self._ids), request_id, index, list(prompt_ids), params,
-                       torch.Generator().manual_seed(seed), StopChecker.from_params(params), budget)
+                       torch.Generator().manual_seed(seed), budget)
         seq.policy = self._policy()
         return seq
 

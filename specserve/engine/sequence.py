@@ -15,7 +15,6 @@ import torch
 
 from specserve.engine.block_manager import BlockTable
 from specserve.sampling.params import SamplingParams
-from specserve.sampling.stop import StopChecker
 from specserve.speculative.metrics import SpecMetrics
 
 
@@ -33,7 +32,6 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     generator: torch.Generator
-    stop_checker: StopChecker
     tv_budget: float
     token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
@@ -43,12 +41,10 @@ class Sequence:
     # the first token) or, after a preemption, every token but the last (no sampling)
     prefill_end: int = 0
     speculation: object = None  # the request's SpeculationOverride | None
-    text: str = ""
     finish_reason: str | None = None
     policy: object = None  # the request's draft-length policy (spec.policies)
     idle_drafter: bool = False  # the last round drafted nothing (the drafter fell behind)
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
-    logprobs: list[dict[int, float]] = field(default_factory=list)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
