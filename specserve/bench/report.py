@@ -68,7 +68,8 @@ def write_report(out_dir: Path, suite: str, machine: dict, options: dict, record
         files.update(write_plots(out_dir, stem, rows))
     md = [f"# specserve bench: {suite}", "",
           f"Machine: {machine['cpu']}, {machine['cores']} cores, torch {machine['torch']}, "
-          f"{machine['threads']} threads, dtype {machine['dtype']} ({machine['time']}).",
+          f"{machine['threads']} threads, dtype {machine['dtype']}, native kernels "
+          f"{machine.get('kernel_isa') or 'off (PyTorch)'} ({machine['time']}).",
           f"Protocol: {options}.", "",
           "Speedup = median decode tokens/s over target-only in the same run; paired speedup = "
           "median over calls of decode tokens/s over the target-only call of the same seed and "

@@ -50,7 +50,11 @@ def machine_info(dtype: str) -> dict:
                 break
     except OSError:
         pass
+    from specserve import kernels
+
     return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__,
+            "kernel_isa": kernels.isa(), "cpu_flags": sorted(
+                f for f in kernels.cpu_flags() if f.startswith(("avx", "fma", "f16c"))),
             "threads": torch.get_num_threads(), "dtype": dtype, "python": platform.python_version(),
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 

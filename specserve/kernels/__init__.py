@@ -145,16 +145,21 @@ def _load_qmatmul(name: str, source: Path = SOURCE) -> ctypes.CDLL | None:
     return lib
 
 
+def _resolve(name: str | None) -> str | None:
+    """`name` (an alias allowed) or, for None, `isa()`; an instruction set this CPU lacks is an
+    error."""
+    name = isa() if name is None else ISA_ALIASES.get(name, name)
+    if name is not None and name not in available_isas():
+        raise ValueError(f"instruction set {name!r} is not one this CPU runs "
+                         f"({available_isas()})")
+    return name
+
+
 def qmatmul(name: str | None = None) -> ctypes.CDLL | None:
     """The matmul kernels built for instruction set `name` (default: `isa()`), or None where
     they cannot run here."""
-    name = isa() if name is None else ISA_ALIASES.get(name, name)
-    if name is None:
-        return None
-    if name not in available_isas():
-        raise ValueError(f"instruction set {name!r} is not one this CPU runs "
-                         f"({available_isas()})")
-    return _load_qmatmul(name)
+    name = _resolve(name)
+    return None if name is None else _load_qmatmul(name)
 
 
 @functools.cache
@@ -176,10 +181,5 @@ def attention(name: str | None = None) -> ctypes.CDLL | None:
     """The ragged paged attention kernel (`attention.c`, `ragged_attention`) built for
     instruction set `name` (default: `isa()`; every build gives the same bits), or None where
     it cannot run here."""
-    name = isa() if name is None else ISA_ALIASES.get(name, name)
-    if name is None:
-        return None
-    if name not in available_isas():
-        raise ValueError(f"instruction set {name!r} is not one this CPU runs "
-                         f"({available_isas()})")
-    return _load_attention(name)
+    name = _resolve(name)
+    return None if name is None else _load_attention(name)
