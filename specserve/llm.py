@@ -39,18 +39,21 @@ class LLM:
                  speculative_config: dict | SpeculativeConfig | None = None,
                  max_num_seqs: int = 8, max_model_len: int = 4096,
                  draft: LoadedModel | None = None, weights: str = "auto",
-                 kv_cache_memory: int | None = None, max_num_batched_tokens: int = 256) -> None:
+                 kv_cache_memory: int | None = None, max_num_batched_tokens: int = 256,
+                 enable_prefix_caching: bool = True) -> None:
         self.spec = check_llm_args(model, dtype, speculative_config, max_num_seqs, max_model_len,
                                    draft, weights)  # before anything loads
         EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                      max_num_batched_tokens=max_num_batched_tokens,
-                     kv_cache_memory=kv_cache_memory)  # its checks, before anything loads
+                     kv_cache_memory=kv_cache_memory,
+                     enable_prefix_caching=enable_prefix_caching)  # its checks, before loading
         self.weights = weights
         self.target = model if isinstance(model, LoadedModel) else load_model(model, dtype, weights)
         max_len = min(max_model_len, self.target.config.max_position)
         config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_len,
                               max_num_batched_tokens=max_num_batched_tokens,
-                              kv_cache_memory=kv_cache_memory)
+                              kv_cache_memory=kv_cache_memory,
+                              enable_prefix_caching=enable_prefix_caching)
         self.draft = draft
         if self.spec is not None and self.spec.method == "draft_model":
             self._load_draft(dtype)

@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--no-bonus-rows", action="store_true", help="seed-table: skip the no-bonus rows")
     p.add_argument("--no-quality", action="store_true", help="skip NLL scoring")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="keep the prefix cache on between timed calls (off by default: every call "
+                   "prefills its whole prompt, as the peers do)")
     p.add_argument("--compare", action="append", default=[], choices=["transformers", "llama.cpp", "openvino"])
     p.add_argument("--no-assisted", action="store_true",
                    help="--compare transformers: skip assisted generation (no draft model)")
@@ -201,7 +204,7 @@ def cmd_bench(args) -> int:
     from specserve.models.loader import load_model
 
     options = BenchOptions(max_tokens=args.max_tokens, repeats=args.repeats, seeds=args.seeds,
-                           quality=not args.no_quality)
+                           quality=not args.no_quality, prefix_caching=args.prefix_caching)
     target = load_model(args.model, args.dtype, args.weights)
     needs_draft = any(c.spec and c.spec.get("method", "draft_model") == "draft_model" for c in configs)
     wants_draft = needs_draft or ("transformers" in args.compare and not args.no_assisted)

@@ -38,6 +38,9 @@ class BenchOptions:
     seeds: int = 3
     warmup_tokens: int = 8
     quality: bool = True  # score NLL of each distinct output with the target
+    # off: every timed call prefills its whole prompt, as the peers' calls do (a repeated
+    # prompt would otherwise come from the prefix cache and TTFT would measure nothing)
+    prefix_caching: bool = False
     chat: bool = True
 
 
@@ -79,7 +82,7 @@ class Bench:
                 spec["model"] = str(self.draft.path)
         max_len = prompt_len + self.opt.max_tokens + 24
         return LLM(self.target, draft=self.draft, speculative_config=spec, max_num_seqs=1,
-                   max_model_len=max_len)
+                   max_model_len=max_len, enable_prefix_caching=self.opt.prefix_caching)
 
     def seeds_for(self, cfg: BenchConfig) -> list[int]:
         # greedy output does not depend on the seed: one seed, same number of timed calls

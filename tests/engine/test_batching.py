@@ -171,6 +171,21 @@ def test_a_shared_prefix_is_prefilled_once_and_gives_the_cold_cache_tokens(model
     assert warm == alone(models, spec_name, second, greedy(12))
 
 
+@pytest.mark.parametrize("spec_name", ["plain", "draft"])
+def test_with_prefix_caching_off_a_repeated_prompt_is_prefilled_again(models, spec_name):
+    prompt = [(11 * j) % 100 + 3 for j in range(100)]
+    llm = make_llm(models, spec_name, enable_prefix_caching=False)
+    engine = llm.engine
+    first = run(engine, [(0, prompt, greedy(6))])[0]
+    computed = engine.prompt_tokens_computed
+    again = run(engine, [(0, prompt, greedy(6))])[0]
+    assert engine.prefix_cache_hit_tokens == 0
+    assert engine.prompt_tokens_computed - computed == len(prompt)
+    if spec_name == "draft":
+        assert engine.drafter.prefix_hit_tokens == 0
+    assert again == first
+
+
 def test_disable_by_batch_size_pauses_drafting_at_that_many_running_and_resumes_below(models):
     spec = dict(SPECS["draft"], disable_by_batch_size=3)
     target, draft = models
