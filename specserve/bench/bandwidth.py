@@ -32,13 +32,15 @@ def read_bandwidth(nbytes: int = BANDWIDTH_BYTES, repeats: int = 5) -> float:
 
 def _tensor_bytes(obj, seen: set[int]) -> int:
     """Bytes of every tensor held by `obj` (a tensor, a dataclass of tensors or an object
-    whose attributes are), each storage counted once."""
+    whose attributes are), each tensor counted once (a tied head is the embedding; many
+    weights may be views of one memory-mapped storage, so views are told apart by where they
+    start and how long they are, not by their storage)."""
     if isinstance(obj, torch.Tensor):
-        key = obj.untyped_storage().data_ptr()
+        key = (obj.data_ptr(), obj.numel() * obj.element_size())
         if key in seen:
             return 0
         seen.add(key)
-        return obj.numel() * obj.element_size()
+        return key[1]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return sum(_tensor_bytes(getattr(obj, f.name), seen) for f in dataclasses.fields(obj))
     if hasattr(obj, "__dict__"):
@@ -51,7 +53,7 @@ def decode_bytes_per_token(model, context: int = 0) -> int:
     """Bytes one decode step of `model` (a `Transformer`) reads: every projection and the
     output head, the norms, one embedding row, and the keys and values of `context` cached
     positions (float32)."""
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
     total = 0
     for layer in model.layers:
         for name in ("qkv", "o", "gate_up", "down"):
@@ -59,7 +61,7 @@ def decode_bytes_per_token(model, context: int = 0) -> int:
         total += _tensor_bytes(layer.attn_norm, seen) + _tensor_bytes(layer.mlp_norm, seen)
     total += _tensor_bytes(model.lm_head, seen) + _tensor_bytes(model.norm, seen)
     embed = model.embed
-    if embed.untyped_storage().data_ptr() not in seen:  # untied: one row of it is read
+    if (embed.data_ptr(), embed.numel() * embed.element_size()) not in seen:  # untied: one row
         total += embed.shape[1] * embed.element_size()
     c = model.cfg
     total += 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4 * context
