@@ -194,6 +194,9 @@ class Transformer:
         block_of = tables[batch.row_seq.long(), batch.positions // cache.block_size]  # [rows]
         slot_mapping = block_of.long() * cache.block_size + batch.positions % cache.block_size
         cos, sin = self._rope(batch.positions)  # [rows, 1, head_dim]
+        # the attention kernel takes int32 indices: convert once per pass, not once per layer
+        tables32, row_seq32 = tables.to(torch.int32), batch.row_seq.to(torch.int32)
+        positions32 = batch.positions.to(torch.int32)  # [rows]
         q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         x = F.embedding(batch.tokens, self.embed).to(self.act_dtype)  # [rows, hidden]
         for i, layer in enumerate(self.layers):
@@ -205,8 +208,8 @@ class Transformer:
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             cache.write(i, slot_mapping, k, v)
-            attn = ragged_attention(q, cache.keys[i], cache.values[i], tables, batch.row_seq,
-                                    batch.positions)  # [rows, heads, hd]
+            attn = ragged_attention(q, cache.keys[i], cache.values[i], tables32, row_seq32,
+                                    positions32)  # [rows, heads, hd]
             x = x + layer.o(attn.reshape(rows, q_dim).to(x.dtype))
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
