@@ -174,12 +174,20 @@ def _load_attention(name: str) -> ctypes.CDLL | None:
     lib.ragged_attention.argtypes = [p, i64, i64, i64, i64, p, p, i64, i64, p, i64, i64, p, p,
                                      ctypes.c_float, p]
     lib.ragged_attention.restype = ctypes.c_int
+    lib.rope_store_attend.argtypes = [p, i64, i64, i64, i64, p, p, p, p, i64, i64, p, i64, i64,
+                                      p, p, ctypes.c_float, p]
+    lib.rope_store_attend.restype = ctypes.c_int
+    lib.rms_norm.argtypes = [p, i64, i64, p, ctypes.c_float, p]
+    lib.rms_norm.restype = ctypes.c_int
+    lib.silu_mul.argtypes = [p, i64, i64, p]
+    lib.silu_mul.restype = ctypes.c_int
     return lib
 
 
 def attention(name: str | None = None) -> ctypes.CDLL | None:
-    """The ragged paged attention kernel (`attention.c`, `ragged_attention`) built for
+    """The ragged paged attention kernel (`attention.c`, `ragged_attention`) and the rest of a
+    decoder layer's per-row work (`rope_store_attend`, `rms_norm`, `silu_mul`), built for
     instruction set `name` (default: `isa()`; every build gives the same bits), or None where
-    it cannot run here."""
+    they cannot run here."""
     name = _resolve(name)
     return None if name is None else _load_attention(name)

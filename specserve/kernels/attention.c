@@ -29,6 +29,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define TILE 8     /* positions per score tile: one vector of 8 scores */
 #define GROUP 6    /* query heads whose value sums share one pass over the values */
@@ -286,4 +287,113 @@ int ragged_attention(const float *q, int64_t rows, int64_t heads, int64_t kv_hea
     }
     free(first);
     return failed ? -1 : 0;
+}
+
+/* ---- the rest of a decoder layer's per-row work (models/transformer.py's native path) ----
+ * Each row is computed on its own in a fixed order, so these keep batch invariance too. */
+
+/* out [rows, dim] = w ⊙ (x · 1/√(mean(x²) + eps)) (RMSNorm), x, w, out float32: the squares
+ * summed in 8 lanes by FMA, one fixed horizontal sum. out may be x. */
+int rms_norm(const float *x, int64_t rows, int64_t dim, const float *w, float eps, float *out) {
+    if (rows < 0 || dim <= 0) return -2;
+#pragma omp parallel for schedule(static) if (rows >= 32)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        float *o = out + r * dim;
+        __m256 acc = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= dim; i += 8) {
+            const __m256 v = _mm256_loadu_ps(xr + i);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float sum = hsum(acc);
+        for (; i < dim; i++) sum += xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf(sum / (float)dim + eps);
+        const __m256 vi = _mm256_set1_ps(inv);
+        for (i = 0; i + 8 <= dim; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(w + i),
+                                                  _mm256_mul_ps(_mm256_loadu_ps(xr + i), vi)));
+        for (; i < dim; i++) o[i] = w[i] * (xr[i] * inv);
+    }
+    return 0;
+}
+
+/* Rotary embedding of one head vector (rotate-half layout), as PyTorch's
+ * x·cos + rotate_half(x)·sin computes it: each product rounded, then the sum. */
+static inline void rope_head(const float *x, const float *cos, const float *sin, int64_t hd,
+                             float *out) {
+    const int64_t half = hd / 2;
+    for (int64_t i = 0; i < half; i++) {
+        const float a = x[i] * cos[i], b = -x[i + half] * sin[i];
+        const float c = x[i + half] * cos[i + half], d = x[i] * sin[i + half];
+        out[i] = a + b;
+        out[i + half] = c + d;
+    }
+}
+
+/* One attention block of a pass: qkv [rows, (heads + 2·kv_heads)·hd] (per row: q heads, then
+ * k heads, then v heads) → rotary embedding of q and k with cos/sin [rows, hd], k and v stored
+ * at each row's position in k_pool/v_pool (as `ragged_attention` addresses them), then
+ * `ragged_attention` of the rotated queries into out [rows, heads, hd]. Returns what
+ * ragged_attention returns; on −2/−3 (checked first) nothing is written. */
+int rope_store_attend(const float *qkv, int64_t rows, int64_t heads, int64_t kv_heads,
+                      int64_t hd, const float *cos, const float *sin, float *k_pool,
+                      float *v_pool, int64_t num_blocks, int64_t block_size,
+                      const int32_t *block_tables, int64_t num_seqs, int64_t max_blocks,
+                      const int32_t *row_seq, const int32_t *row_pos, float scale, float *out) {
+    if (rows < 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads || hd <= 0 || hd % 8 ||
+        block_size <= 0 || num_blocks < 0 || num_seqs < 0 || max_blocks < 0)
+        return -2;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t s = row_seq[r], pos = row_pos[r];
+        if (s < 0 || s >= num_seqs || pos < 0 || pos >= max_blocks * block_size) return -3;
+        const int64_t id = block_tables[s * max_blocks + pos / block_size];
+        if (id < 0 || id >= num_blocks) return -3;
+    }
+    const int64_t width = (heads + 2 * kv_heads) * hd;
+    float *q = aligned_alloc(64, ((size_t)(rows * heads * hd) * sizeof(float) + 63) / 64 * 64 + 64);
+    if (!q) return -1;
+#pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *src = qkv + r * width, *c = cos + r * hd, *sn = sin + r * hd;
+        for (int64_t h = 0; h < heads; h++) rope_head(src + h * hd, c, sn, hd, q + (r * heads + h) * hd);
+        const int64_t pos = row_pos[r];
+        const int64_t id = block_tables[(int64_t)row_seq[r] * max_blocks + pos / block_size];
+        for (int64_t h = 0; h < kv_heads; h++) {
+            const int64_t at = ((id * kv_heads + h) * block_size + pos % block_size) * hd;
+            rope_head(src + (heads + h) * hd, c, sn, hd, k_pool + at);
+            memcpy(v_pool + at, src + (heads + kv_heads + h) * hd, (size_t)hd * sizeof(float));
+        }
+    }
+    const int rc = ragged_attention(q, rows, heads, kv_heads, hd, k_pool, v_pool, num_blocks,
+                                    block_size, block_tables, num_seqs, max_blocks, row_seq,
+                                    row_pos, scale, out);
+    free(q);
+    return rc;
+}
+
+/* out [rows, inter] = silu(g)·u for gu [rows, 2·inter] (per row: g, then u), silu(x) =
+ * x / (1 + e^−x) through t = e^−|x| (exp_nonpos): x / (1 + t) for x ≥ 0, x·t / (1 + t) below. */
+int silu_mul(const float *gu, int64_t rows, int64_t inter, float *out) {
+    if (rows < 0 || inter <= 0) return -2;
+#pragma omp parallel for schedule(static) if (rows >= 16)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *g = gu + r * 2 * inter, *u = g + inter;
+        float *o = out + r * inter;
+        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+        int64_t i = 0;
+        for (; i + 8 <= inter; i += 8) {
+            const __m256 x = _mm256_loadu_ps(g + i);
+            const __m256 t = exp_nonpos(_mm256_or_ps(x, sign));  /* e^−|x| */
+            const __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+            const __m256 num = _mm256_blendv_ps(x, _mm256_mul_ps(x, t), neg);
+            const __m256 silu = _mm256_div_ps(num, _mm256_add_ps(one, t));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+        }
+        for (; i < inter; i++) {
+            const float x = g[i], t = expf(-fabsf(x));
+            o[i] = (x < 0.0f ? x * t : x) / (1.0f + t) * u[i];
+        }
+    }
+    return 0;
 }

@@ -14,6 +14,8 @@ else is in the pass.
 
 from __future__ import annotations
 
+import ctypes
+import math
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +75,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(dtype)
+
+
+def _check_rc(rc: int, name: str) -> None:
+    if rc == -3:
+        raise ValueError(f"{name}: a sequence, position or block id out of range")
+    if rc != 0:
+        raise RuntimeError(f"native {name} failed (code {rc})")
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -188,17 +197,20 @@ class Transformer:
         """Run the decoder over `batch`, writing its keys/values into `cache`. Returns the final
         normalised hidden states `[rows, hidden]`."""
         c = self.cfg
-        rows = batch.tokens.shape[0]
         tables = batch.block_tables if batch.block_tables is not None \
             else cache.slot_tables(batch.slots)  # [num_seqs, max_blocks]
+        cos, sin = self._rope(batch.positions)  # [rows, 1, head_dim]
+        x = F.embedding(batch.tokens, self.embed).to(self.act_dtype)  # [rows, hidden]
+        lib = kernels.attention() if self._native_layers(x) else None
+        if lib is not None:
+            return self._native_pass(lib, x, batch, tables, cos, sin, cache)
+        rows = batch.tokens.shape[0]
         block_of = tables[batch.row_seq.long(), batch.positions // cache.block_size]  # [rows]
         slot_mapping = block_of.long() * cache.block_size + batch.positions % cache.block_size
-        cos, sin = self._rope(batch.positions)  # [rows, 1, head_dim]
         # the attention kernel takes int32 indices: convert once per pass, not once per layer
         tables32, row_seq32 = tables.to(torch.int32), batch.row_seq.to(torch.int32)
         positions32 = batch.positions.to(torch.int32)  # [rows]
         q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        x = F.embedding(batch.tokens, self.embed).to(self.act_dtype)  # [rows, hidden]
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             q, k, v = layer.qkv(h).to(ATTN_DTYPE).split([q_dim, kv_dim, kv_dim], dim=-1)
@@ -215,6 +227,59 @@ class Transformer:
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         return rms_norm(x, self.norm, c.rms_norm_eps)
+
+    def _native_layers(self, x: torch.Tensor) -> bool:
+        """Whether the layers' glue (norms, rotary embedding, cache writes, attention, SwiGLU)
+        can run natively: float32 activations and norm weights, head_dim a multiple of 8."""
+        return (x.dtype == torch.float32 and self.cfg.head_dim % 8 == 0
+                and self.norm.dtype == torch.float32
+                and all(l.attn_norm.dtype == torch.float32 == l.mlp_norm.dtype
+                        for l in self.layers))
+
+    def _native_pass(self, lib, x: torch.Tensor, batch: ForwardBatch, tables: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """`hidden_states` with each layer's glue in three native calls (`rms_norm`,
+        `rope_store_attend`, `silu_mul` in `specserve/kernels/attention.c`): the same
+        arithmetic per row as the PyTorch path's rotary embedding and attention, its own
+        fixed-order RMSNorm and SiLU."""
+        c = self.cfg
+        rows, hidden = x.shape
+        heads, kv_heads, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        tables32 = tables.to(torch.int32).contiguous()  # [num_seqs, max_blocks]
+        seq32 = batch.row_seq.to(torch.int32).contiguous()  # [rows]
+        pos32 = batch.positions.to(torch.int32).contiguous()  # [rows]
+        cos = cos.reshape(rows, hd).contiguous()  # [rows, hd]
+        sin = sin.reshape(rows, hd).contiguous()  # [rows, hd]
+        x = x.contiguous()
+        h = torch.empty_like(x)  # [rows, hidden]
+        attn = torch.empty((rows, heads * hd), dtype=torch.float32)  # [rows, heads * hd]
+        eps, scale = ctypes.c_float(c.rms_norm_eps), ctypes.c_float(1 / math.sqrt(hd))
+        num_seqs, max_blocks = tables32.shape
+        per_layer = cache.keys[0].numel()
+        keys, values = cache.keys.data_ptr(), cache.values.data_ptr()
+        step = per_layer * cache.keys.element_size()
+        fixed = (cos.data_ptr(), sin.data_ptr())
+        index = (cache.num_blocks, cache.block_size, tables32.data_ptr(), num_seqs, max_blocks,
+                 seq32.data_ptr(), pos32.data_ptr(), scale, attn.data_ptr())
+        for i, layer in enumerate(self.layers):
+            _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, layer.attn_norm.data_ptr(), eps,
+                                   h.data_ptr()), "rms_norm")
+            qkv = layer.qkv(h).contiguous()  # [rows, (heads + 2 kv_heads) * hd]
+            _check_rc(lib.rope_store_attend(qkv.data_ptr(), rows, heads, kv_heads, hd, *fixed,
+                                            keys + i * step, values + i * step, *index),
+                      "rope_store_attend")
+            x += layer.o(attn)
+            _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, layer.mlp_norm.data_ptr(), eps,
+                                   h.data_ptr()), "rms_norm")
+            gate_up = layer.gate_up(h).contiguous()  # [rows, 2 * intermediate]
+            act = torch.empty((rows, gate_up.shape[1] // 2), dtype=torch.float32)
+            _check_rc(lib.silu_mul(gate_up.data_ptr(), rows, act.shape[1], act.data_ptr()),
+                      "silu_mul")
+            x += layer.down(act)
+        out = torch.empty_like(x)  # [rows, hidden]
+        _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, self.norm.data_ptr(), eps,
+                               out.data_ptr()), "rms_norm")
+        return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[..., hidden]` → float32 logits `[..., vocab]`."""
