@@ -1,4 +1,4 @@
-/* Matrix multiplies for x86-64 CPUs: 4- and 8-bit weights × 8-bit activations (`q_matmul`),
+/* Matrix multiplies for x86-64 CPUs: 4-, 6- and 8-bit weights × 8-bit activations (`q_matmul`),
  * and float32 or bfloat16 weights × float32 activations (`f_matmul`).
  *
  * The same source builds twice (see `specserve/kernels/__init__.py`): with AVX2, FMA and F16C
@@ -15,10 +15,20 @@
  * super-blocks of `sb` inputs (64, 128 or 256; k a multiple of sb):
  *   qs    4 bits: [n, k/64, 32] uint8: 32 bytes hold block 2p in their low and block 2p + 1
  *         in their high nibbles (q in 0..15), so one 256-bit load and two masks unpack both;
+ *         6 bits: the same for the low 4 bits of q (q in 0..63);
  *         8 bits: [n, k] int8 (q in −127..127);
+ *   qh    6 bits only: [n, k/64, 16] uint8, the top 2 bits of q: byte j of a block pair holds
+ *         those of the pair's weights j + 16g (g = 0..3; weights 0..31 are block 2p, 32..63
+ *         block 2p + 1) at bits 2g, 2g + 1. AVX-512 broadcasts the 16 bytes to the 4 128-bit
+ *         groups of a zmm (byte lane 16g + j: weight 16g + j), rotates group g's 32-bit lanes
+ *         left by 4, 2, 0, 30 so that each field sits at bits 4-5 of its own byte, masks 0x30
+ *         and ors them into the nibbles; AVX2 does the same per block with two 256-bit
+ *         variable shifts (block 2p: groups 0, 1 left by 4, 2; block 2p + 1: groups 2, 3
+ *         right by 0, 2);
  *   sc    [n, k/32] int16: each block's scale as an integer multiple of its super-block's
- *   dsup  [n, k/sb] float: scale step, so block scale = dsup·sc (sc ≤ SC_MAX4 or SC_MAX8);
- *   mins  4 bits only: [n, k/32] fp16: each block's minimum, so w = dsup·sc·q + min
+ *   dsup  [n, k/sb] float: scale step, so block scale = dsup·sc (sc ≤ SC_MAX4, SC_MAX6 or
+ *         SC_MAX8);
+ *   mins  4 and 6 bits: [n, k/32] fp16: each block's minimum, so w = dsup·sc·q + min
  *         (8 bits: w = dsup·sc·q).
  * Activations are quantized on the fly per row, to int8 with one float scale per super-block
  * (`da`), and with each block's sum (`dsa` = da·Σqa) for the minimum term.
@@ -26,19 +36,19 @@
  * Arithmetic, the same bits on every path and build. For a row and an output, each
  * super-block's dot product I_s = Σ_b sc_b · Σ_i q_i·qa_i is an exact integer (summed in 64
  * bits); the row accumulates y = fma((float)I_s, dsup_s·da_s, y) over the super-blocks in
- * order; then y + the minimum term (4 bits: Σ_b min_b·dsa_b in 8 float lanes, lane j taking
+ * order; then y + the minimum term (4, 6 bits: Σ_b min_b·dsa_b in 8 float lanes, lane j taking
  * blocks j, j + 8, ..., summed as `hsum` does, then the blocks past the last full 8 one by
  * one). Since I_s is exact, it does not matter how its terms are grouped, and each path
  * groups them its own way:
  *
- * - decode (few rows, `output_rows`): per output, pmaddubsw multiplies nibbles by int8
+ * - decode (few rows, `output_rows`): per output, pmaddubsw multiplies unsigned weights by int8
  *   activations and pmaddwd (AVX-512 VNNI: vpdpwssd, two blocks per zmm) scales the 16-bit
  *   pair sums by the block's integer scale into 32-bit lanes; each weight pair is unpacked
  *   once for up to ROWS activation rows while it sits in registers (4 with AVX2's 16 vector
  *   registers, 8 with AVX-512's 32), so a verify pass costs arithmetic, not another trip
  *   through memory. The lanes are summed exactly (as doubles) per super-block.
  * - prefill (many rows, `tile_rows`): AVX-512 VNNI, 16 outputs in the lanes × 6 rows; AVX2,
- *   4-bit weights only, 8 outputs × 3 rows. The weights of the outputs are rearranged once
+ *   4-bit weights only (6 and 8 bits take the decode loop there), 8 outputs × 3 rows. The weights of the outputs are rearranged once
  *   per call so that vpdpbusd (AVX2: pmaddubsw) multiplies 4 inputs of each output by 4
  *   broadcast activation bytes; a block is 8 such steps into one register, scaled once by
  *   the outputs' block scales: about half the decode loop's vector multiplies per product,
@@ -49,10 +59,17 @@
  * 8-bit weights on the prefill tiles: vpdpbusd on the activations + 128 (unsigned) and the
  * signed weights, less 128·Σq of the block.
  *
- * Range: |pmaddubsw lane| ≤ 2·15·127 = 3810 (4 bits) or 2·127·127 = 32258 (8 bits), so it
- * never saturates; × SC_MAX × 2 per pmaddwd lane, × 8 blocks per super-block stays below 2^31;
- * a block's scaled sum on the tiles, ≤ 32·15·127·SC_MAX4 or 32·127·127·SC_MAX8, too; the
- * super-block's sum, up to 8 times that, is summed in 64 bits (or exactly in doubles).
+ * Range: |pmaddubsw lane| ≤ 2·15·127 = 3810 (4 bits), 2·63·127 = 16002 (6 bits) or
+ * 2·127·127 = 32258 (8 bits), so it never saturates. An int32 lane of the decode loop takes
+ * 2 such lanes × sc per pmaddwd (vpdpwssd), 2 blocks' worth per pair on AVX2 (and 2 after
+ * AVX-512 folds its 16 lanes to 8), × 4 pairs per super-block: ≤ 16·lane·SC_MAX, i.e.
+ * 16·3810·16383 = 1.0e9, 16·16002·4095 = 1.05e9, 16·32258·4095 = 2.11e9 < 2^31. A block's
+ * scaled sum on the tiles, ≤ 32·15·127·SC_MAX4 = 1.0e9, 32·63·127·SC_MAX6 = 1.05e9 or
+ * 32·127·127·SC_MAX8 = 2.11e9 (8 bits: scaled after the 128·Σq correction; before it,
+ * |Σ (qa + 128)·q| ≤ 32·255·127), stays below 2^31 too; the super-block's sum, up to 8
+ * times that, is summed in 64 bits (or exactly in doubles).
+ * AVX2's tiles add 8 pmaddubsw lanes in 16 bits: ≤ 8·3810 = 30480 for 4 bits, which is why
+ * 6 bits (8·16002) do not go there.
  *
  * Float weights: each (row, output) accumulates in 8 float lanes, lane j taking inputs
  * j, j + 8, j + 16, ... by FMA in order (the last partial group zero-padded), then one fixed
@@ -78,12 +95,14 @@
 
 #define QK 32
 #define SC_MAX4 16383
+#define SC_MAX6 4095
 #define SC_MAX8 4095
 #define PREFETCH 4096      /* bytes of weights fetched ahead of use */
 #define OUT_BLOCK 16       /* tiled path: outputs per block */
 #define ROW_BYTES 196608   /* tiled path: quantized activation bytes per row block (L2) */
 #define FR 4               /* float kernel: rows per tile */
 #define PREFILL_ROWS 32    /* path 0: from this many rows on, the prefill tiles */
+#define QS_BYTES(bits) ((bits) == 8 ? QK : QK / 2)  /* bytes of qs per block */
 
 /* x [k] float → qa [k] int8, da [k/sb], dsa [k/32] = da·Σqa (block) for one row. */
 static void quantize_row(const float *x, int64_t k, int64_t sb, int8_t *qa, float *da,
@@ -132,7 +151,7 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* The output of nr rows from their super-block sums `main`: + the minimum term (4 bits),
+/* The output of nr rows from their super-block sums `main`: + the minimum term (4, 6 bits),
  * Σ_b min_b · da·Σqa_b, in 8 lanes (lane j: blocks j, j + 8, ...), the lanes summed as hsum
  * does, the blocks past the last full 8 one by one. */
 static inline __attribute__((always_inline)) void finish_rows(
@@ -140,7 +159,7 @@ static inline __attribute__((always_inline)) void finish_rows(
     float *out) {
     __m256 accm[ROWS];
     for (int r = 0; r < nr; r++) accm[r] = _mm256_setzero_ps();
-    int64_t b = bits == 4 ? 0 : nb;
+    int64_t b = bits != 8 ? 0 : nb;
     for (; b + 8 <= nb; b += 8) {
         const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + b)));
         for (int r = 0; r < nr; r++)
@@ -170,12 +189,14 @@ static inline __m256 row_totals(const __m512d *d) {
  * A zmm register holds a block pair: lanes 0..7 block 2p, lanes 8..15 block 2p + 1. `dat`:
  * the rows' da transposed ([ns][stride], lanes past nr readable). */
 static inline __attribute__((always_inline)) void output_rows(
-    int bits, const uint8_t *qs, const int16_t *sc, const float *dsup, const uint16_t *mins,
-    int64_t k, int64_t sb, const int8_t *qa, const float *dat, int64_t stride, const float *dsa,
-    int nr, float *out) {
+    int bits, const uint8_t *qs, const uint8_t *qh, const int16_t *sc, const float *dsup,
+    const uint16_t *mins, int64_t k, int64_t sb, const int8_t *qa, const float *dat,
+    int64_t stride, const float *dsa, int nr, float *out) {
     const int64_t nb = k / QK, ns = k / sb, pairs = sb / (2 * QK);
     const __m512i mask = _mm512_set1_epi8(0x0F);
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    const __m512i rot = _mm512_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0, 30, 30, 30, 30);
+    const __m512i top = _mm512_set1_epi8(0x30);
     __m256 mainv = _mm256_setzero_ps();  /* lane r: row r */
     float mains[ROWS] = {0};  /* the same, for 1 or 2 rows */
     for (int64_t s = 0; s < ns; s++) {
@@ -183,14 +204,21 @@ static inline __attribute__((always_inline)) void output_rows(
         for (int r = 0; r < nr; r++) isum[r] = _mm512_setzero_si512();
         for (int64_t p = 0; p < pairs; p++) {
             const int64_t b = s * 2 * pairs + 2 * p;  /* first block of the pair */
-            const uint8_t *q = qs + b * bits * 4;
+            const uint8_t *q = qs + b * QS_BYTES(bits);
             _mm_prefetch((const char *)q + PREFETCH, _MM_HINT_T0);
             __m512i w, sign = mask;
-            if (bits == 4) {
+            if (bits != 8) {
                 const __m512i packed =
                     _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
                 w = _mm512_and_si512(_mm512_srlv_epi16(packed, shift), mask);
-            } else {
+            }
+            if (bits == 6) {  /* the top 2 bits to bits 4-5 of each weight's byte, or'ed in */
+                const uint8_t *h = qh + b * 8;
+                _mm_prefetch((const char *)h + PREFETCH / 2, _MM_HINT_T0);
+                const __m512i high = _mm512_rolv_epi32(
+                    _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)h)), rot);
+                w = _mm512_ternarylogic_epi32(w, high, top, 0xF8);  /* w | (high & top) */
+            } else if (bits == 8) {
                 _mm_prefetch((const char *)q + PREFETCH + 64, _MM_HINT_T0);
                 sign = _mm512_loadu_si512((const void *)q);
                 w = _mm512_abs_epi8(sign);
@@ -230,12 +258,14 @@ static inline __attribute__((always_inline)) void output_rows(
 #else
 /* y[r] for rows 0..nr of one output; `bits` and nr (≤ ROWS) are constants after inlining. */
 static inline __attribute__((always_inline)) void output_rows(
-    int bits, const uint8_t *qs, const int16_t *sc, const float *dsup, const uint16_t *mins,
-    int64_t k, int64_t sb, const int8_t *qa, const float *dat, int64_t stride, const float *dsa,
-    int nr, float *out) {
+    int bits, const uint8_t *qs, const uint8_t *qh, const int16_t *sc, const float *dsup,
+    const uint16_t *mins, int64_t k, int64_t sb, const int8_t *qa, const float *dat,
+    int64_t stride, const float *dsa, int nr, float *out) {
     const int64_t nb = k / QK, ns = k / sb, pairs = sb / (2 * QK);
     (void)ns;
-    const __m256i mask = _mm256_set1_epi8(0x0F);
+    const __m256i mask = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    const __m256i left = _mm256_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2);
+    const __m256i right = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
     __m128 mainv = _mm_setzero_ps();  /* lane r: row r */
     float mains = 0.0f;  /* the same, for one row */
     for (int64_t s = 0; s < ns; s++) {
@@ -243,15 +273,22 @@ static inline __attribute__((always_inline)) void output_rows(
         for (int r = 0; r < nr; r++) isum[r] = _mm256_setzero_si256();
         for (int64_t p = 0; p < pairs; p++) {
             const int64_t b = s * 2 * pairs + 2 * p;  /* first block of the pair */
-            const uint8_t *q = qs + b * bits * 4;
+            const uint8_t *q = qs + b * QS_BYTES(bits);
             _mm_prefetch((const char *)q + PREFETCH, _MM_HINT_T0);
             __m256i w0, w1;  /* unsigned weight bytes (8 bits: |w|) */
             __m256i sign0 = mask, sign1 = mask;  /* 8 bits: the weights, for their signs */
-            if (bits == 4) {
+            if (bits != 8) {
                 const __m256i packed = _mm256_loadu_si256((const __m256i *)q);
                 w0 = _mm256_and_si256(packed, mask);
                 w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
-            } else {
+            }
+            if (bits == 6) {  /* the top 2 bits to bits 4-5 of each weight's byte, or'ed in */
+                const uint8_t *hp = qh + b * 8;
+                _mm_prefetch((const char *)hp + PREFETCH / 2, _MM_HINT_T0);
+                const __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)hp));
+                w0 = _mm256_or_si256(w0, _mm256_and_si256(_mm256_sllv_epi32(h, left), top));
+                w1 = _mm256_or_si256(w1, _mm256_and_si256(_mm256_srlv_epi32(h, right), top));
+            } else if (bits == 8) {
                 _mm_prefetch((const char *)q + PREFETCH + 64, _MM_HINT_T0);
                 sign0 = _mm256_loadu_si256((const __m256i *)q);
                 sign1 = _mm256_loadu_si256((const __m256i *)(q + QK));
@@ -299,27 +336,29 @@ static inline __attribute__((always_inline)) void output_rows(
 
 /* `bits` as a compile-time constant in each copy of output_rows. */
 static inline __attribute__((always_inline)) void rows_of(
-    int bits, const uint8_t *qs, const int16_t *sc, const float *dsup, const uint16_t *mins,
-    int64_t k, int64_t sb, const int8_t *qa, const float *dat, int64_t stride, const float *dsa,
-    int nr, float *out) {
-    if (bits == 4) output_rows(4, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
-    else output_rows(8, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
+    int bits, const uint8_t *qs, const uint8_t *qh, const int16_t *sc, const float *dsup,
+    const uint16_t *mins, int64_t k, int64_t sb, const int8_t *qa, const float *dat,
+    int64_t stride, const float *dsa, int nr, float *out) {
+    if (bits == 4) output_rows(4, qs, qh, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
+    else if (bits == 6) output_rows(6, qs, qh, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
+    else output_rows(8, qs, qh, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
 }
 
 #define TILE_CASE(n_)                                                              \
-    case n_: rows_of(bits, wq, ws, wd, wm, k, sb, a, d, stride, ds, n_, out); break;
+    case n_: rows_of(bits, wq, wh, ws, wd, wm, k, sb, a, d, stride, ds, n_, out); break;
 
 /* Rows r0..r1 of output o: tiles of ROWS rows (the last one shorter), written into y.
  * `dat` [ns][stride]: the rows' super-block scales da, transposed. */
-static void output_tiles(int bits, const uint8_t *qs, const int16_t *sc, const float *dsup,
-                         const uint16_t *mins, int64_t k, int64_t sb, const int8_t *qa,
-                         const float *dat, int64_t stride, const float *dsa, int64_t n,
-                         int64_t o, int64_t r0, int64_t r1, float *y) {
+static void output_tiles(int bits, const uint8_t *qs, const uint8_t *qh, const int16_t *sc,
+                         const float *dsup, const uint16_t *mins, int64_t k, int64_t sb,
+                         const int8_t *qa, const float *dat, int64_t stride, const float *dsa,
+                         int64_t n, int64_t o, int64_t r0, int64_t r1, float *y) {
     const int64_t nb = k / QK, ns = k / sb;
-    const uint8_t *wq = qs + o * nb * bits * 4;
+    const uint8_t *wq = qs + o * nb * QS_BYTES(bits);
+    const uint8_t *wh = bits == 6 ? qh + o * nb * 8 : NULL;
     const int16_t *ws = sc + o * nb;
     const float *wd = dsup + o * ns;
-    const uint16_t *wm = bits == 4 ? mins + o * nb : NULL;
+    const uint16_t *wm = bits != 8 ? mins + o * nb : NULL;
     float out[ROWS];
     for (int64_t r = r0; r < r1; r += ROWS) {
         const int nr = r1 - r < ROWS ? (int)(r1 - r) : ROWS;
@@ -330,7 +369,7 @@ static void output_tiles(int bits, const uint8_t *qs, const int16_t *sc, const f
 #if ROWS > 4
             TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
 #endif
-        default: rows_of(bits, wq, ws, wd, wm, k, sb, a, d, stride, ds, ROWS, out); break;
+        default: rows_of(bits, wq, wh, ws, wd, wm, k, sb, a, d, stride, ds, ROWS, out); break;
         }
         for (int i = 0; i < nr; i++) y[(r + i) * n + o] = out[i];
     }
@@ -340,8 +379,8 @@ static void output_tiles(int bits, const uint8_t *qs, const int16_t *sc, const f
  * The weights of TOUT outputs are first rearranged (once per call and block of outputs) so
  * that one register holds 4 consecutive inputs of each of the outputs. AVX-512 VNNI:
  * vpdpbusd multiplies them by 4 broadcast activation bytes of a row and sums each group of 4
- * into its output's lane, so a block of 32 inputs is 8 such steps into one register; AVX2
- * (4 bits only): pmaddubsw, its 16-bit pair sums added up over the block's 8 steps (≤ 8·3810,
+ * into its output's lane, so a block of 32 inputs is 8 such steps into one register (6-bit
+ * weights, unsigned like 4-bit ones, the same way); AVX2 (4 bits only): pmaddubsw, its 16-bit pair sums added up over the block's 8 steps (≤ 8·3810,
  * no overflow), then one pmaddwd by 1. Either way each block is scaled once by the outputs'
  * block scales and summed exactly over the super-block (64-bit integers, or doubles). The
  * float steps are the decode loop's, lane by lane, so every row gets the same bits as there.
@@ -355,24 +394,30 @@ static void output_tiles(int bits, const uint8_t *qs, const int16_t *sc, const f
 #endif
 
 typedef struct {
-    uint8_t *w;      /* [nb][8][16][4] weight bytes: 4 bits q (unsigned), 8 bits q (signed) */
+    uint8_t *w;      /* [nb][8][16][4] weight bytes: 4, 6 bits q (unsigned), 8 bits q (signed) */
     int32_t *sc;     /* [nb][16] block scales */
     int32_t *wsum;   /* 8 bits: [nb][16] 128·Σq of the block (for the +128 activations) */
     float *dsup;     /* [ns][16] */
-    float *mins;     /* 4 bits: [nb][16] */
+    float *mins;     /* 4, 6 bits: [nb][16] */
 } packed_t;
 
-static void pack_outputs(int bits, const uint8_t *qs, const int16_t *sc, const float *dsup,
-                         const uint16_t *mins, int64_t k, int64_t sb, int64_t o0, packed_t *pk) {
+static void pack_outputs(int bits, const uint8_t *qs, const uint8_t *qh, const int16_t *sc,
+                         const float *dsup, const uint16_t *mins, int64_t k, int64_t sb,
+                         int64_t o0, packed_t *pk) {
     const int64_t nb = k / QK, ns = k / sb;
     for (int o = 0; o < TOUT; o++) {
         const int64_t out = o0 + o;
         for (int64_t b = 0; b < nb; b++) {
             uint8_t q[QK];
-            if (bits == 4) {
+            if (bits != 8) {
                 const uint8_t *src = qs + out * nb * 16 + (b / 2) * QK;
                 for (int i = 0; i < QK; i++) q[i] = b % 2 ? src[i] >> 4 : src[i] & 0x0F;
-            } else {
+            }
+            if (bits == 6) {  /* weight i of block b: field g = 2·(b % 2) + i / 16 of byte i % 16 */
+                const uint8_t *high = qh + out * nb * 8 + (b / 2) * 16;
+                for (int i = 0; i < QK; i++)
+                    q[i] |= ((high[i % 16] >> (2 * (2 * (b % 2) + i / 16))) & 3) << 4;
+            } else if (bits == 8) {
                 const int8_t *src = (const int8_t *)qs + out * k + b * QK;
                 int32_t sum = 0;
                 for (int i = 0; i < QK; i++) q[i] = (uint8_t)src[i], sum += src[i];
@@ -381,7 +426,7 @@ static void pack_outputs(int bits, const uint8_t *qs, const int16_t *sc, const f
             for (int g = 0; g < 8; g++)
                 memcpy(pk->w + ((b * 8 + g) * TOUT + o) * 4, q + 4 * g, 4);
             pk->sc[b * TOUT + o] = sc[out * nb + b];
-            if (bits == 4) pk->mins[b * TOUT + o] = _cvtsh_ss(mins[out * nb + b]);
+            if (bits != 8) pk->mins[b * TOUT + o] = _cvtsh_ss(mins[out * nb + b]);
         }
         for (int64_t s = 0; s < ns; s++) pk->dsup[s * TOUT + o] = dsup[out * ns + s];
     }
@@ -407,7 +452,7 @@ static inline __attribute__((always_inline)) void tile_rows(
                     int32_t four;
                     memcpy(&four, a + r * k + b * QK + 4 * g, 4);
                     const __m512i x = _mm512_set1_epi32(four);
-                    t[r] = bits == 4 ? _mm512_dpbusd_epi32(t[r], w, x)
+                    t[r] = bits != 8 ? _mm512_dpbusd_epi32(t[r], w, x)
                                      : _mm512_dpbusd_epi32(t[r], x, w);
                 }
             }
@@ -434,7 +479,7 @@ static inline __attribute__((always_inline)) void tile_rows(
     }
     for (int r = 0; r < TROWS; r++) {  /* the minimum term, as finish_rows sums it */
         __m512 m = _mm512_setzero_ps(), tail = _mm512_setzero_ps();
-        if (bits == 4) {
+        if (bits != 8) {
             __m512 lane[8];
             for (int j = 0; j < 8; j++) lane[j] = _mm512_setzero_ps();
             int64_t b = 0;
@@ -515,18 +560,19 @@ static inline __attribute__((always_inline)) void tile_rows(
 
 /* output o, rows r0..r1 through the decode loop */
 #define OUTPUT_TILES(o, r0, r1, y) \
-    output_tiles(bits, qs, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, r0, r1, y)
+    output_tiles(bits, qs, qh, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, r0, r1, y)
 
-/* y [rows, n] = x [rows, k] · Wᵀ with `bits`-bit weights (4 or 8). `path`: 1 walks the
- * outputs one by one, each over all rows (decode, verify); 2 walks blocks of outputs × blocks
- * of rows (prefill: the tiles; the AVX2 build's 8-bit weights, blocks of outputs × blocks of
- * rows through the decode loop); 0 picks by the number of rows (PREFILL_ROWS). Every path
- * gives the same bits per row. Returns 0, −1 when out of memory, −2 on bad arguments. */
+/* y [rows, n] = x [rows, k] · Wᵀ with `bits`-bit weights (4, 6 or 8; qh: 6 bits only, else
+ * NULL; mins: 4 and 6 bits). `path`: 1 walks the outputs one by one, each over all rows
+ * (decode, verify); 2 walks blocks of outputs × blocks of rows (prefill: the tiles; the AVX2
+ * build's 6- and 8-bit weights, blocks of outputs × blocks of rows through the decode loop);
+ * 0 picks by the number of rows (PREFILL_ROWS). Every path gives the same bits per row.
+ * Returns 0, −1 when out of memory, −2 on bad arguments. */
 int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, const uint8_t *qs,
-             const int16_t *sc, const float *dsup, const uint16_t *mins, int64_t n, float *y,
-             int path) {
-    if ((bits != 4 && bits != 8) || sb % (2 * QK) || sb > 8 * QK || k % sb || path < 0 ||
-        path > 2 || rows < 0 || n < 0)
+             const uint8_t *qh, const int16_t *sc, const float *dsup, const uint16_t *mins,
+             int64_t n, float *y, int path) {
+    if ((bits != 4 && bits != 6 && bits != 8) || sb % (2 * QK) || sb > 8 * QK || k % sb ||
+        path < 0 || path > 2 || rows < 0 || n < 0 || (bits == 6 && !qh) || (bits != 8 && !mins))
         return -2;
     const int64_t nb = k / QK, ns = k / sb;
     int64_t row_block = ROW_BYTES / (k > 0 ? k : 1) / ROWS * ROWS;
@@ -574,11 +620,14 @@ int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, cons
             for (int64_t ob = 0; ob < blocks; ob++) {
                 if (!ok) continue;
                 const int64_t o0 = ob * TOUT;
-                pack_outputs(bits, qs, sc, dsup, mins, k, sb, o0, &pk);
+                pack_outputs(bits, qs, qh, sc, dsup, mins, k, sb, o0, &pk);
                 const int8_t *act = bits == 8 ? qu : qa;
                 for (int64_t r = 0; r < full_rows; r += TROWS) {
                     if (bits == 4)
                         tile_rows(4, &pk, k, sb, act + r * k, da + r * ns, dsa + r * nb, n,
+                                  y + r * n + o0);
+                    else if (bits == 6)
+                        tile_rows(6, &pk, k, sb, act + r * k, da + r * ns, dsa + r * nb, n,
                                   y + r * n + o0);
                     else
                         tile_rows(8, &pk, k, sb, act + r * k, da + r * ns, dsa + r * nb, n,
@@ -608,7 +657,7 @@ int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, cons
     return failed ? -1 : 0;
 }
 
-int q_sc_max(int bits) { return bits == 4 ? SC_MAX4 : SC_MAX8; }
+int q_sc_max(int bits) { return bits == 4 ? SC_MAX4 : bits == 6 ? SC_MAX6 : SC_MAX8; }
 
 /* 2: the AVX-512 VNNI build, 1: the AVX2 build. */
 int q_isa(void) { return QM_AVX512 ? 2 : 1; }

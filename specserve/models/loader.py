@@ -2,8 +2,8 @@
 tokenizer.
 
 `weights="auto"` (the default) follows the source: a GGUF file whose projections are stored
-quantized stays quantized on the native kernels, int4-style (what the file stores above
-`FOUR_BIT_SOURCE_MAX` bits per weight, e.g. the Q6_K head of a Q4_K_M file, at 8 bits); a
+quantized stays quantized on the native kernels, int4-style (what the file stores with more
+bits per weight wider, `projection_width`: e.g. the Q6_K head of a Q4_K_M file at 6 bits); a
 float GGUF file or a Hugging Face directory loads dense, in bfloat16 (float32 when `dtype`
 says so). Where the native kernels cannot run, "auto" loads dense bfloat16. `dtype="auto"`
 follows the weights: float32 for the native kernels (their activations are float32; the
@@ -38,6 +38,7 @@ from specserve.models.gguf_loader import (config_from_gguf, is_quantized, open_g
                                           read_tensor, tensor_bits, tensor_index, unpermute)
 from specserve.models.hf_loader import load_hf_dir
 from specserve.models.quant import (FORMATS, FOUR_BIT_SOURCE_MAX, NATIVE_LAYOUT_VERSION,
+                                    SIX_BIT_SOURCE_MAX,
                                     QUANTIZED_FORMATS, NativeLinear, NativeWeights, head_source,
                                     layer_projections,
                                     native_weights_from_tensors, native_weights_to_tensors,
@@ -213,8 +214,9 @@ def _cache_key(source: Path, directory: Path, fmt: str, dtype: torch.dtype) -> d
     return {"cache_version": weight_cache.CACHE_VERSION,
             "source_sha256": weight_cache.source_sha256(source, directory),
             "format": fmt, "dtype": str(dtype), "layout": NATIVE_LAYOUT_VERSION,
-            "sc_max": [lib.q_sc_max(4), lib.q_sc_max(8)],
-            "four_bit_source_max": FOUR_BIT_SOURCE_MAX, "code": code.hexdigest()}
+            "sc_max": [lib.q_sc_max(4), lib.q_sc_max(6), lib.q_sc_max(8)],
+            "four_bit_source_max": FOUR_BIT_SOURCE_MAX, "six_bit_source_max": SIX_BIT_SOURCE_MAX,
+            "code": code.hexdigest()}
 
 
 def _skeleton(cfg: ModelConfig, dense: dict[str, torch.Tensor],

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from specserve import kernels
-from specserve.models.quant import NativeLinear
+from specserve.models.quant import NativeLinear, NativeWeights
 from specserve.models.transformer import Linear
 
 ISAS = kernels.available_isas()  # this CPU's, widest first; CI has at least avx2
@@ -49,7 +49,7 @@ def activations(rows: int, k: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 def test_quantized_rows_are_identical_alone_in_any_batch_and_on_every_path(isa, bits,
                                                                             two_threads):
     g = torch.Generator().manual_seed(bits)
@@ -63,7 +63,7 @@ def test_quantized_rows_are_identical_alone_in_any_batch_and_on_every_path(isa, 
         assert torch.equal(lin(x[:5], path), whole[:5]), path
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 6, 8])
 @pytest.mark.parametrize("out_f, in_f", [(33, 192), (24, 576), (16, 1536)])
 def test_every_instruction_set_gives_the_same_bits(bits, out_f, in_f, two_threads):
     """The AVX-512 build folds its 16 integer lanes into the AVX2 build's 8 (exact integer
@@ -159,6 +159,44 @@ def test_the_instruction_set_can_be_forced_and_a_bad_choice_is_refused(monkeypat
 
 def test_bad_arguments_are_refused_by_the_kernels():
     lib = kernels.qmatmul()
-    assert lib.q_matmul(4, None, 1, 64, 64, None, None, None, None, 1, None, 3) == -2
+    assert lib.q_matmul(4, None, 1, 64, 64, None, None, None, None, None, 1, None, 3) == -2
     assert lib.f_matmul(None, -1, 8, None, 0, None, 1, None) == -2
     assert lib.f_matmul(None, 1, 8, None, 2, None, 1, None) == -2
+
+
+def extreme_weights(bits: int, out_f: int, k: int, sign: int) -> NativeWeights:
+    """Every code at its largest magnitude (4: 15, 6: 63, 8: ±127 as `sign`) and every block
+    scale at the kernel's SC_MAX, one super-block of 256 (8 blocks, 4 pairs: the most terms
+    an int32 lane takes): the integer sums at the bounds of qmatmul.c's "Range" comment."""
+    sc_max = kernels.qmatmul().q_sc_max(bits)
+    pairs, blocks = k // 64, k // 32
+    if bits == 8:
+        qs = torch.full((out_f, k), 127 * sign, dtype=torch.int8)
+    else:
+        qs = torch.full((out_f, pairs, 32), 0xFF, dtype=torch.uint8)
+    qh = torch.full((out_f, pairs, 16), 0xFF, dtype=torch.uint8) if bits == 6 else None
+    mins = torch.zeros(out_f, blocks, dtype=torch.float16) if bits != 8 else None
+    return NativeWeights(bits, qs, torch.full((out_f, blocks), sc_max, dtype=torch.int16),
+                         torch.ones(out_f, k // 256), mins, 256, qh)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("bits", [4, 6, 8])
+def test_the_largest_codes_and_scales_do_not_overflow_on_any_path(isa, bits):
+    """Activations of one magnitude quantize to ±127: each super-block's integer sum is then
+    ±8·SC_MAX·32·qmax·127, which any int16/int32 overflow on the way would wreck."""
+    k, out_f = 512, 20
+    sign = -1 if bits == 8 else 1
+    lin = NativeLinear.from_weights(extreme_weights(bits, out_f, k, sign), None, isa)
+    qmax = {4: 15, 6: 63, 8: 127}[bits]
+    x = torch.ones(40, k)
+    x[1::2] *= -1  # rows alternating +1, −1: pmaddubsw at +16002 and −16002 (6 bits)
+    x[3, 256:] *= -1  # a row whose two super-blocks cancel
+    exact = (x.double().sign() * 127).reshape(40, 2, 256).sum(-1) / 127  # [rows, 2]: Σ qa·da
+    magnitude = 2 * 256 * qmax * lin._lib.q_sc_max(bits)  # both super-blocks' |sum|
+    exact = exact.sum(-1) * sign * qmax * lin._lib.q_sc_max(bits)  # [rows]
+    for path in (1, 2):  # the decode loop and the prefill tiles
+        for rows in (1, 7, 40):
+            got = lin(x[:rows], path).double()  # [rows, out]
+            # float32 scaling of exact integers: within a few float32 roundings
+            assert ((got - exact[:rows, None]).abs() <= 1e-6 * magnitude).all(), (path, rows)

@@ -69,6 +69,8 @@ def test_second_load_maps_the_cache_with_identical_logits(tmp_path, cache, repac
     second = load_model(path, weights="int4")
     assert second.cache_hit and not repacks
     assert isinstance(second.model.layers[1].down, NativeLinear)
+    assert second.model.layers[1].down.w.bits == 6  # Q6_K: its qh comes from the cache too
+    assert second.model.layers[1].down.w.qh is not None
     assert second.model.act_dtype == torch.float32
     assert torch.equal(logits(second), logits(first))
     assert torch.equal(logits(second), logits(fresh))
@@ -159,9 +161,10 @@ def test_native_weights_round_trip_through_their_tensors():
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(48, 256, generator=g), torch.randn(48, generator=g)
     x = torch.randn(3, 256, generator=g)
-    for bits in (4, 8):
+    for bits in (4, 6, 8):
         lin = NativeLinear(w, b, bits)
         tensors, plain = quant.native_weights_to_tensors(lin.w)
+        assert ("qh" in tensors) == (bits == 6)
         copy = NativeLinear.from_weights(quant.native_weights_from_tensors(
             {k: v.clone() for k, v in tensors.items()}, plain), lin.bias.clone())
         assert torch.equal(copy(x), lin(x))
@@ -174,7 +177,7 @@ def test_auto_keeps_a_quantized_file_quantized_int4_style(tmp_path, cache, types
     assert auto.weights == "int4" and auto.model.act_dtype == torch.float32
     layer = auto.model.layers[0]
     assert isinstance(layer.qkv, NativeLinear) and layer.qkv.w.bits == 4
-    wide = 8 if types is MIX else 4  # Q6_K ffn tensors stay at 8 bits, as llama.cpp's mix
+    wide = 6 if types is MIX else 4  # Q6_K ffn tensors keep 6 bits, as llama.cpp's mix
     assert layer.gate_up.w.bits == wide and layer.down.w.bits == wide
     assert torch.equal(logits(auto), logits(load_model(path, weights="int4")))
 
