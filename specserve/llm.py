@@ -87,7 +87,8 @@ class LLM:
             return NgramDrafter(spec.num_speculative_tokens if spec.num_speculative_tokens >= 0
                                 else spec.max_k, spec.prompt_lookup_max, spec.prompt_lookup_min)
         return DraftModelDrafter(draft_runner, self.target.config.vocab_size,
-                                 max_prefill_tokens=config.max_num_batched_tokens)
+                                 max_prefill_tokens=config.max_num_batched_tokens,
+                                 prefill_window=spec.prefill_window)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: str | list[str] | list[int] | list[list[int]],

@@ -11,6 +11,8 @@ from specserve.engine.runner import median_round_robin
 if TYPE_CHECKING:
     from specserve.engine.engine import LLMEngine
 
+PREFILL_ROWS = 64  # rows of the draft pass that prices a draft prefill position
+
 
 def calibrate(engine: "LLMEngine", prefix_len: int = 32, repeats: int = 3) -> dict:
     """Seed the engine's cost model from timed passes, so a cost-aware policy's first rounds
@@ -27,7 +29,11 @@ def calibrate(engine: "LLMEngine", prefix_len: int = 32, repeats: int = 3) -> di
         timers = {k: partial(time_target, k) for k in range(cap + 1)}
         if time_draft is not None:
             timers["draft"] = partial(time_draft, 0)
+            # a draft pass over PREFILL_ROWS rows: its seconds per position price a draft start
+            timers["draft_prefill"] = partial(time_draft, PREFILL_ROWS - 1)
         medians = median_round_robin(timers, repeats)
     draft_step = medians.pop("draft", 0.0)
-    engine.cost.seed(draft_step, medians)
-    return {"draft_step_s": draft_step, "verify_s": medians}
+    prefill = medians.pop("draft_prefill", None)
+    per_position = prefill / PREFILL_ROWS if prefill is not None else None
+    engine.cost.seed(draft_step, medians, per_position)
+    return {"draft_step_s": draft_step, "verify_s": medians, "draft_prefill_s": per_position}

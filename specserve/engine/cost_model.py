@@ -14,6 +14,10 @@ row) B·(k + 1) rows cost about B·(k + 1) decode rows and drafting must beat th
 sets B (`set_step`) before the policies choose. Left out for simplicity: the prefill chunks
 that share the pass, and the attention cost of long contexts (the calibration measures a
 short one).
+
+Starting a draft model costs a prefill of the positions it is fed (`draft_prefill_time`): per
+position, the calibration's draft pass over many rows divided by its rows, scaled with the
+drafting scale; before a calibration, `DEFAULT_DRAFT_PREFILL_RATIO` of a draft step.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 
 DEFAULT_DRAFT_STEP_RATIO = 0.1  # a draft step / a decode step, before either is measured
 DEFAULT_VERIFY_ROW_RATIO = 0.1  # one more verified row / a decode step, before it is measured
+DEFAULT_DRAFT_PREFILL_RATIO = 0.15  # a draft prefill position / a draft step, when not measured
 
 
 class CostModel:
@@ -46,7 +51,8 @@ class CostModel:
     does not wander with the noise of whichever k happened to be measured in a slow second.
     """
 
-    __slots__ = ("_draft", "_verify", "_lines", "_ema", "_base", "_scales", "batch_size")
+    __slots__ = ("_draft", "_verify", "_lines", "_ema", "_base", "_scales", "_prefill",
+                 "batch_size")
 
     def __init__(self, ema: float = 0.2, max_age: int = 256) -> None:
         if not 0.0 < ema <= 1.0:
@@ -59,16 +65,21 @@ class CostModel:
         self._ema = ema
         self._base: CostModel | None = None  # the calibration (shape), once seeded
         self._scales = [1.0, 1.0]  # observed / calibrated: [drafting, the rest of a round]
+        self._prefill: float | None = None  # calibrated seconds per draft prefill position
         self.batch_size = 1  # decoding sequences in the step being planned (see `set_step`)
 
-    def seed(self, draft_step_s: float, verify_times: dict[int, float]) -> None:
-        """Start from a calibration: one draft step's time and verify times by k. From then
-        on the calibration is the shape and observations scale it (see the class doc)."""
+    def seed(self, draft_step_s: float, verify_times: dict[int, float],
+             draft_prefill_s: float | None = None) -> None:
+        """Start from a calibration: one draft step's time, verify times by k and (if
+        measured) seconds per draft prefill position. From then on the calibration is the
+        shape and observations scale it (see the class doc)."""
         base = CostModel()
         base._draft.reset({1: _check_seconds("draft_step_s", draft_step_s)})
         base._verify.reset(
             {_check_k(k): _check_seconds("verify_times", s) for k, s in verify_times.items()}
         )
+        if draft_prefill_s is not None:
+            base._prefill = _check_seconds("draft_prefill_s", draft_prefill_s)
         self._base, self._scales = base, [1.0, 1.0]
 
     def snapshot(self) -> dict:
@@ -119,6 +130,16 @@ class CostModel:
             return self._base.verify_time(k) * self._scales[1]
         measured = self._verify.values.get(k)
         return measured if measured is not None else self._fits()[1].at(k + 1)
+
+    def draft_prefill_time(self, num_tokens: int) -> float:
+        """Estimated seconds of a draft prefill of `num_tokens` positions (see the module doc)."""
+        if num_tokens <= 0:
+            return 0.0
+        base = self._base if self._base is not None else self
+        per_token = base._prefill if base._prefill is not None \
+            else DEFAULT_DRAFT_PREFILL_RATIO * base.draft_time(1)
+        scale = self._scales[0] if self._base is not None else 1.0
+        return num_tokens * per_token * scale
 
     def round_time(self, k: int) -> float:
         """Estimated seconds of a round drafting k tokens; k = 0 is a plain decode step."""

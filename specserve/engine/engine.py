@@ -321,8 +321,8 @@ class LLMEngine:
         """The drafts `seq` verifies this step (called by the scheduler, oldest sequence
         first). The cost model is told the step's batch size, so a cost-aware policy prices
         the whole step (see `engine/cost_model.py`)."""
-        spec = self.spec
-        if spec is None or self.drafter is None or not self.drafter.ready(seq):
+        spec, drafter = self.spec, self.drafter
+        if spec is None or drafter is None:
             return 0
         if spec.disable_by_batch_size is not None and batch_size >= spec.disable_by_batch_size:
             return 0
@@ -331,7 +331,23 @@ class LLMEngine:
         if room <= 0:
             return 0
         self.cost.set_step(self._step_seqs)
+        if not drafter.ready(seq) and not self._start_drafter(seq, room):
+            return 0
         return min(seq.policy.choose_k(room), room)
+
+    def _start_drafter(self, seq: Sequence, room: int) -> bool:
+        """A sequence's drafter starts (a draft model's deferred prefill) only once its
+        policy judges that drafting over the `room` tokens left repays the start-up: the
+        draft prefill of `startup_tokens` positions, priced by the cost model. True when it
+        can draft this round."""
+        drafter = self.drafter
+        if drafter.started(seq):
+            return False  # its draft prefill is still under way
+        startup = self.cost.draft_prefill_time(drafter.startup_tokens(seq))
+        if not seq.policy.worth_starting(room, startup):
+            return False
+        drafter.activate(seq)
+        return drafter.ready(seq)
 
     def _sample_round(self, seq: Sequence, prop: Proposal, logits: torch.Tensor) -> VerifyResult:
         """Turn the target's k + 1 rows of logits into the round's tokens."""

@@ -5,6 +5,10 @@ Every field is type- and range-checked in `__post_init__`, before any model load
 or `True`), the bool must be a bool (not `"no"`), `tv_budget` a number in [0, 1], and the
 cross-field rules (`prompt_lookup_min <= prompt_lookup_max`, a draft model for
 `draft_model`) are checked here too, so a config that constructs never fails later.
+
+`prefill_window`: when a sequence's draft model starts (deferred until its policy first
+wants to draft: see `draft_model`), it is fed at most the newest `prefill_window` tokens of
+the context (None: all of them), which bounds what starting the drafter costs.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 
 from specserve.models.loader import DTYPES
 from specserve.sampling.params import require_bool, require_int, require_real
+from specserve.speculative.draft_model import DEFAULT_PREFILL_WINDOW
 
 METHODS = ("draft_model", "ngram")
 POLICIES = ("fixed", "acceptance_rate", "accepted_length", "heuristic", "cost_aware")
@@ -35,6 +40,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     disable_by_batch_size: int | None = None
     draft_dtype: str | None = None  # None: the target's dtype
+    prefill_window: int | None = DEFAULT_PREFILL_WINDOW  # newest tokens the draft starts from
 
     def __post_init__(self) -> None:
         self._check_method()
@@ -56,6 +62,9 @@ class SpeculativeConfig:
             self._set("disable_by_batch_size",
                       require_int("disable_by_batch_size", self.disable_by_batch_size, minimum=1))
         _check_choice("draft_dtype", self.draft_dtype, tuple(DTYPES))
+        if self.prefill_window is not None:
+            self._set("prefill_window", require_int("prefill_window", self.prefill_window,
+                                                    minimum=1))
 
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)

@@ -10,6 +10,16 @@ memory-bound, a decode row's worth once it is compute-bound). E(0) = 1 and T(0) 
 plain decoding, so on hostile text the policy stops drafting; while it is off it probes with
 k = 1 every N rounds (N doubling after each failed probe, up to a cap) to notice when the text
 turns predictable again.
+
+Starting the drafter costs something too: a draft model must prefill (a window of) the
+context before its first draft, and the engine defers that until the policy agrees to pay
+it (`worth_starting`). The rule: with the prior acceptance and the step's batch size, the
+best k saves `step_time(0) − step_time(k) / E(k)` seconds per generated token over plain
+decoding; over the `tokens_left` tokens still to generate that must exceed the start-up's
+seconds (the draft's per-token prefill cost times the positions fed, from the cost model),
+with the same `margin` as every other choice. Short requests (max_tokens 16) and batches
+where verify rows cost as much as decode rows (compute-bound: best k is 0) never start it;
+a long request on a pair that drafts well does.
 """
 
 from __future__ import annotations
@@ -118,6 +128,21 @@ class CostAwarePolicy:
             if rate > best_rate:
                 best, best_rate = k, rate
         return best
+
+    def worth_starting(self, tokens_left: int, startup_s: float) -> bool:
+        """Whether starting the drafter (`startup_s` seconds of draft prefill) pays over the
+        `tokens_left` tokens still to generate: the seconds the best k saves per token, by
+        the current acceptance estimate (the prior before any round), times `tokens_left`,
+        must beat the start-up by `margin` (see the module doc)."""
+        k = self.best_k(tokens_left)
+        if k == 0:
+            return False
+        alphas, expected, reach = self.acceptance(), 1.0, 1.0
+        for alpha in alphas[:k]:
+            reach *= alpha
+            expected += reach
+        saved = self.cost.step_time(0) - self.cost.step_time(k) / expected  # per token
+        return tokens_left * saved > (1.0 + self.margin) * startup_s
 
     def choose_k(self, max_k: int) -> int:
         if max_k <= 0:

@@ -7,11 +7,27 @@ k tokens one step at a time from the *processed* distribution (the same `process
 verifier uses). After verification it forgets what was rejected:
 `seen = min(seen, old_len + accepted)`.
 
-Prefill trails the target's: a sequence's draft cache starts with the blocks the draft's
-prefix cache holds, then is fed its tokens in chunks, batched with the other sequences' chunks
-and with the first draft step of the sequences that draft, at most `max_prefill_tokens` per
-call. Until its draft has caught up (all but a few tokens seen) a sequence is not `ready` and
-the engine does not ask it for drafts; nothing waits on a whole-prompt draft prefill.
+Deferred, windowed start: a sequence joins with nothing fed (`start`). Its draft is started
+(`activate`) only when the engine's policy first wants drafts for it and judges the start
+worth its cost (see `cost_aware`), so the draft never prefills while the target's prefill of
+the prompt is under way (TTFT is the target-only TTFT) and never for requests too short to
+repay it. Starting takes the blocks the draft's prefix cache holds of the sequence's tokens,
+then feeds at most the newest `prefill_window` tokens (the older ones are skipped: the
+bounded catch-up's hole, below), so a start costs at most `prefill_window` draft prefill
+positions whatever the prompt's length (`startup_tokens`). The default window is large on
+purpose: on code_edit (a 1,062-token prompt whose answer rewrites the code it quotes; int4
+Qwen2.5-Coder 1.5B/0.5B, k = 4, greedy) acceptance was 0.38, 0.40, 0.42, 0.42, 0.48 with
+windows of 64, 128, 256, 512, 768 tokens, 0.90 with 1,024 and 0.93 with the whole prompt: an
+answer that copies needs its source in the window, and a small window buys a cheap start of
+a draft not worth running. What a start costs is priced by the policy instead.
+
+A started sequence whose unfed tokens fit in what is left of this call's
+`max_prefill_tokens` is `ready` at once: its first catch-up row is that whole tail, fed in
+the same pass as the first draft step (or, if it drafts nothing this round, as a chunk). A
+longer tail is fed in chunks, batched with the other sequences' chunks and with the first
+draft step of the sequences that draft, at most `max_prefill_tokens` per call; until it has
+caught up (all but a few tokens seen) the sequence is not `ready` and the engine does not ask
+it for drafts.
 
 Bounded catch-up: after rounds without drafting (a policy at k = 0) the unseen tail can be
 long, and feeding it all would cost a draft prefill of every token decoded meanwhile, paid
@@ -39,6 +55,7 @@ from specserve.speculative.drafter import EMPTY, Proposal
 
 DEFAULT_MAX_CATCHUP = 4  # newest unseen tokens fed before drafting; older ones are skipped
 DEFAULT_MAX_PREFILL_TOKENS = 256  # draft prefill positions per call
+DEFAULT_PREFILL_WINDOW = 1024  # newest tokens a starting draft is fed; older ones are skipped
 
 
 class DraftSequence(Protocol):
@@ -73,14 +90,17 @@ class PagedRunner(Protocol):
 
 
 class _DraftSeq:
-    __slots__ = ("seq", "table", "seen", "skipped", "prefilling", "tokens", "probs")
+    __slots__ = ("seq", "table", "started", "seen", "skipped", "prefilling", "fresh", "tokens",
+                 "probs")
 
-    def __init__(self, seq: DraftSequence, table) -> None:
+    def __init__(self, seq: DraftSequence) -> None:
         self.seq = seq
-        self.table = table
+        self.table = None  # its draft blocks, from `activate` on
+        self.started = False  # `activate` ran: the draft follows this sequence
         self.seen = 0  # tokens of the sequence (target positions) the draft has accounted for
-        self.skipped = 0  # of those, how many it never fed (bounded catch-up)
+        self.skipped = 0  # of those, how many it never fed (the window, bounded catch-up)
         self.prefilling = True  # fed in chunks until it has (nearly) caught up
+        self.fresh = False  # started, ready, and its whole (windowed) tail still to be fed
         self.tokens: list[int] = []
         self.probs: list[torch.Tensor] = []
 
@@ -93,45 +113,82 @@ class _DraftSeq:
 class DraftModelDrafter:
     def __init__(self, runner: PagedRunner, target_vocab: int,
                  max_catchup: int | None = DEFAULT_MAX_CATCHUP,
-                 max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS) -> None:
+                 max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
+                 prefill_window: int | None = DEFAULT_PREFILL_WINDOW) -> None:
         if max_catchup is not None and max_catchup < 2:
             raise ValueError(f"max_catchup must be >= 2 or None (unbounded), got {max_catchup}")
         if max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be >= 1, got {max_prefill_tokens}")
+        if prefill_window is not None and prefill_window < 1:
+            raise ValueError(f"prefill_window must be >= 1 or None (whole context), got "
+                             f"{prefill_window}")
         self.runner = runner
         self.target_vocab = target_vocab
         self.max_catchup = max_catchup
         self.max_prefill_tokens = max_prefill_tokens
+        self.prefill_window = prefill_window
         self._seqs: dict[int, _DraftSeq] = {}  # by seq_id, in arrival order
+        self._promised = 0  # prefill positions of fresh tails promised to the next `propose`
         self.prefix_hit_tokens = 0  # positions taken from the draft's prefix cache
+        self.num_started = 0  # sequences whose draft was started (`activate`)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, seq: DraftSequence) -> None:
-        """A sequence joins: take what the draft's prefix cache holds of its tokens; the rest
-        is prefilled in chunks by the next calls of `propose`."""
-        state = _DraftSeq(seq, self.runner.new_table())
-        state.seen = self.runner.match_prefix(state.table, seq.token_ids,
-                                              len(seq.token_ids) - 1)
-        self._seqs[seq.seq_id] = state
+        """A sequence joins; nothing is fed or held until `activate`."""
+        self._seqs[seq.seq_id] = _DraftSeq(seq)
+
+    def started(self, seq: DraftSequence) -> bool:
+        state = self._seqs.get(seq.seq_id)
+        return state is not None and state.started
+
+    def startup_tokens(self, seq: DraftSequence) -> int:
+        """Draft prefill positions that starting the sequence now would cost at most (prefix
+        cache hits, which only make it cheaper, are not looked up)."""
+        n = len(seq.token_ids)
+        return n if self.prefill_window is None else min(n, self.prefill_window)
+
+    def activate(self, seq: DraftSequence) -> None:
+        """Start the draft of a joined sequence: take what the draft's prefix cache holds of
+        its tokens, skip all but the newest `prefill_window`, and feed the rest with the next
+        `propose` (at once if it fits in that call's prefill budget, else in chunks)."""
+        state = self._seqs[seq.seq_id]
+        assert not state.started, "activate called twice for one sequence"
+        tokens = seq.token_ids
+        state.started, state.table = True, self.runner.new_table()
+        state.seen = self.runner.match_prefix(state.table, tokens, len(tokens) - 1)
         self.prefix_hit_tokens += state.seen
-        self._check_caught_up(seq, state)
+        self.num_started += 1
+        if self.prefill_window is not None:
+            skip = len(tokens) - self.prefill_window - state.seen
+            if skip > 0:  # a hole between the cached prefix (if any) and the window
+                state.seen += skip
+                state.skipped += skip
+        tail = len(tokens) - state.seen
+        if tail <= self.max_prefill_tokens - self._promised:
+            state.prefilling, state.fresh = False, tail > 1
+            self._promised += tail
+        else:
+            self._check_caught_up(seq, state)
 
     def finish(self, seq: DraftSequence) -> None:
         state = self._seqs.pop(seq.seq_id, None)
-        if state is not None:
+        if state is not None and state.table is not None:
             self.runner.free(state.table)
 
     def ready(self, seq: DraftSequence) -> bool:
-        """Whether the sequence can draft this round (its draft prefill is done)."""
+        """Whether the sequence can draft this round (started, its draft prefill done)."""
         state = self._seqs.get(seq.seq_id)
-        return state is not None and not state.prefilling
+        return state is not None and state.started and not state.prefilling
 
     def pending(self) -> bool:
-        """Whether some sequence's draft prefill is still under way."""
-        return any(st.prefilling for st in self._seqs.values())
+        """Whether some started sequence's draft prefill is still under way (chunks or a
+        fresh tail to feed)."""
+        return any(st.started and (st.prefilling or st.fresh) for st in self._seqs.values())
 
     def commit(self, seq: DraftSequence, num_accepted: int, old_len: int) -> None:
         state = self._seqs[seq.seq_id]
+        if not state.started:
+            return
         state.seen = min(state.seen, old_len + num_accepted)
         self._register(seq, state)
 
@@ -144,12 +201,15 @@ class DraftModelDrafter:
             state = self._seqs[seq.seq_id]
             state.tokens, state.probs = [], []
             if k > 0:
-                assert not state.prefilling, "propose asked a sequence whose draft is not ready"
+                assert self.ready(seq), "propose asked a sequence whose draft is not ready"
                 row = self._catch_up(seq, state)
                 # every position this round writes: catch-up, then k - 1 fed drafts
                 if self.runner.reserve(state.table, state.num_cached + len(row) + k - 1):
                     active.append((seq, k, state, row))
-        chunks = self._prefill_chunks()
+        fed_fresh = sum(len(row) for _, _, st, row in active if st.fresh)
+        chunks = self._prefill_chunks({id(st) for _, _, st, _ in active},
+                                      self.max_prefill_tokens - fed_fresh)
+        self._promised = 0
         rows = [row for *_, row in active] + [row for _, _, row in chunks]
         starts = [st.num_cached for _, _, st, _ in active] + [st.num_cached for _, st, _ in chunks]
         tables = [st.table for _, _, st, _ in active] + [st.table for _, st, _ in chunks]
@@ -160,11 +220,13 @@ class DraftModelDrafter:
             if first:
                 for seq, st, row in chunks:
                     st.seen += len(row)
+                    st.fresh = False
                     self._register(seq, st)
                     self._check_caught_up(seq, st)
                 first = False
             for (seq, _, st, row), lg in zip(active, logits):
                 st.seen += len(row)
+                st.fresh = False
                 self._sample(seq, st, lg)
             active = [(seq, k, st, [st.tokens[-1]]) for seq, k, st, _ in active
                       if len(st.tokens) < k]
@@ -174,17 +236,23 @@ class DraftModelDrafter:
             last_n = [1] * len(active)
         return [self._proposal(seq, k) for seq, k in zip(seqs, ks)]
 
-    def _prefill_chunks(self) -> list[tuple[DraftSequence, _DraftSeq, list[int]]]:
-        """The next prefill chunks, oldest sequence first, within `max_prefill_tokens` and
-        the blocks available (all but the last token: the first catch-up feeds it)."""
-        budget, chunks = self.max_prefill_tokens, []
-        for st in self._seqs.values():
+    def _prefill_chunks(self, drafting: set[int], budget: int
+                        ) -> list[tuple[DraftSequence, _DraftSeq, list[int]]]:
+        """The next prefill chunks within `budget` positions and the blocks available (all
+        but the last token: the first catch-up feeds it): first the fresh tails of sequences
+        not drafting this round (`drafting`: ids of the states that do), then the chunked
+        prefills, oldest sequence first."""
+        chunks = []
+        fresh = [st for st in self._seqs.values() if st.fresh and id(st) not in drafting]
+        prefilling = [st for st in self._seqs.values() if st.started and st.prefilling]
+        for st in fresh + prefilling:
             seq = st.seq
             if budget <= 0:
                 break
-            if not st.prefilling:
-                continue
             n = min(len(seq.token_ids) - 1 - st.seen, budget)
+            if n <= 0:
+                st.fresh = False  # only the last token is left: the first catch-up feeds it
+                continue
             while n > 0 and not self.runner.reserve(st.table, st.num_cached + n):
                 n //= 2  # the cache is nearly full: a smaller chunk, or none this time
             if n > 0:
@@ -194,17 +262,18 @@ class DraftModelDrafter:
 
     def _check_caught_up(self, seq: DraftSequence, st: _DraftSeq) -> None:
         unseen = len(seq.token_ids) - st.seen
-        if unseen <= 1 or (self.max_catchup is not None and unseen <= self.max_catchup):
-            st.prefilling = False
+        st.prefilling = not (unseen <= 1 or (self.max_catchup is not None
+                                             and unseen <= self.max_catchup))
 
     def _register(self, seq: DraftSequence, st: _DraftSeq) -> None:
         if st.skipped == 0:  # positions are token positions: full blocks can be shared
             self.runner.register(st.table, seq.token_ids, min(st.seen, len(seq.token_ids)))
 
     def _catch_up(self, seq: DraftSequence, st: _DraftSeq) -> list[int]:
-        """The unseen tokens to feed; older ones beyond `max_catchup` are marked skipped."""
+        """The unseen tokens to feed; older ones beyond `max_catchup` are marked skipped (a
+        fresh tail, already windowed, is fed whole)."""
         unseen = len(seq.token_ids) - st.seen
-        if self.max_catchup is not None and unseen > self.max_catchup:
+        if not st.fresh and self.max_catchup is not None and unseen > self.max_catchup:
             skip = unseen - self.max_catchup
             st.seen += skip
             st.skipped += skip

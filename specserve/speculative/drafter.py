@@ -37,7 +37,17 @@ class Drafter(Protocol):
 
     def ready(self, seq: "Sequence") -> bool:
         """Whether the sequence can be asked for drafts this round (a draft model's own
-        prefill of it may still be under way)."""
+        prefill of it may be deferred or still under way)."""
+
+    def started(self, seq: "Sequence") -> bool:
+        """Whether `activate` ran for the sequence (a drafter that is always ready: True)."""
+
+    def startup_tokens(self, seq: "Sequence") -> int:
+        """Draft prefill positions that `activate` would cost now (what the policy weighs)."""
+
+    def activate(self, seq: "Sequence") -> None:
+        """Start drafting for a sequence that is not `started` (a draft model's deferred
+        prefill begins)."""
 
     def pending(self) -> bool:
         """Whether `propose` has work even when no sequence drafts (a draft prefill)."""

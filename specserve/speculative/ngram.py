@@ -136,6 +136,15 @@ class NgramDrafter:
     def ready(self, seq: "Sequence") -> bool:
         return True
 
+    def started(self, seq: "Sequence") -> bool:
+        return True  # nothing to start: lookups need no prefill
+
+    def startup_tokens(self, seq: "Sequence") -> int:
+        return 0
+
+    def activate(self, seq: "Sequence") -> None:
+        pass
+
     def pending(self) -> bool:
         return False
 

@@ -35,6 +35,11 @@ class DraftPolicy(Protocol):
     def observe(self, proposed: int, accepted: int) -> None:
         """The outcome of the round just verified (`proposed` may be 0)."""
 
+    def worth_starting(self, tokens_left: int, startup_s: float) -> bool:
+        """Whether to start the drafter (a draft model's prefill, `startup_s` seconds) for a
+        sequence with `tokens_left` to generate. Only `cost_aware` weighs it; the others
+        start whenever they draft at all."""
+
 
 def _record(histogram: Counter[int], k: int) -> int:
     histogram[k] += 1
@@ -73,6 +78,9 @@ class FixedPolicy:
     def observe(self, proposed: int, accepted: int) -> None:
         pass
 
+    def worth_starting(self, tokens_left: int, startup_s: float) -> bool:
+        return self.k > 0
+
 
 class AcceptanceRatePolicy:
     """k + 1 when the last round's accepted/proposed ≥ `high`, k − 1 when < `low`."""
@@ -99,6 +107,9 @@ class AcceptanceRatePolicy:
     def observe(self, proposed: int, accepted: int) -> None:
         _step_k(self, proposed, lambda: 1 if accepted / proposed >= self.high
                 else -1 if accepted / proposed < self.low else 0)
+
+    def worth_starting(self, tokens_left: int, startup_s: float) -> bool:
+        return self.max_k > 0
 
 
 class AcceptedLengthPolicy:
@@ -131,6 +142,9 @@ class AcceptedLengthPolicy:
         if proposed > 0:
             self.smoothed = self.ema * accepted + (1.0 - self.ema) * self.smoothed
 
+    def worth_starting(self, tokens_left: int, startup_s: float) -> bool:
+        return self.max_k > 0
+
 
 class HeuristicPolicy:
     """k + 2 after a round whose drafts were all accepted, k − 1 otherwise."""
@@ -149,6 +163,9 @@ class HeuristicPolicy:
 
     def observe(self, proposed: int, accepted: int) -> None:
         _step_k(self, proposed, lambda: 2 if accepted >= proposed else -1)
+
+    def worth_starting(self, tokens_left: int, startup_s: float) -> bool:
+        return self.max_k > 0
 
 
 def make_policy(

@@ -123,6 +123,9 @@ def test_cost_model_skips_draft_timings_of_rounds_that_resume_after_idle_rounds(
         def observe(self, proposed, accepted):
             pass
 
+        def worth_starting(self, tokens_left, startup_s):
+            return True
+
     engine.add_request([0, 1], SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True, seed=0))
     engine.scheduler.waiting[0].policy = Script()
     toy.run_all(engine)

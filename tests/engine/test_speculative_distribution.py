@@ -60,3 +60,21 @@ def test_chi_square_detects_a_wrong_law():
     counts = empirical(engine, SAMPLES, seed=7, prompt=[0, 1])
     wrong = toy.exact_continuations(Q, Q, first=1, n=N_TOKENS, k=K, budget=0.0)
     assert chi_square_p(counts, wrong) < ALPHA
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.4])
+def test_windowed_deferred_draft_keeps_the_exact_law(budget):
+    """The draft starts after the target's prefill and is fed only the newest 3 tokens of a
+    longer prompt (a hole in its context): the continuations still follow the exact law."""
+    P, Q = toy.random_table(VOCAB, seed=1), toy.random_table(VOCAB, seed=2, concentration=0.3)
+    engine = toy.toy_engine(P, Q, K, budget=budget)
+    drafter = engine.drafter
+    drafter.prefill_window = 3
+    skipped = []
+    activate = drafter.activate
+    drafter.activate = lambda seq: activate(seq) or skipped.append(drafter._seqs[seq.seq_id].skipped)
+    prompt = [2, 0, 1, 2, 2, 0, 2, 1, 0, 1]
+    counts = empirical(engine, SAMPLES, seed=4321, prompt=prompt)
+    assert skipped == [len(prompt) + 1 - 3] * SAMPLES  # every draft started from the window
+    law = toy.exact_continuations(P, Q, first=1, n=N_TOKENS, k=K, budget=budget, bonus=True)
+    assert chi_square_p(counts, law) > ALPHA

@@ -149,6 +149,9 @@ class Scripted:
     def observe(self, proposed, accepted):
         pass
 
+    def worth_starting(self, tokens_left, startup_s):
+        return True
+
 
 def test_draft_catch_up_after_idle_rounds_is_bounded_and_output_unchanged(models):
     """After rounds without drafting, the draft is fed only its `max_catchup` newest unseen
@@ -172,7 +175,9 @@ def test_draft_catch_up_after_idle_rounds_is_bounded_and_output_unchanged(models
             skipped.append(state.skipped)
     out = seq
     assert out.token_ids[len(PROMPT):] == plain.token_ids
-    assert fed[0] == [len(PROMPT) - 1]  # the prompt prefill (the first catch-up feeds its last token)
+    # the draft starts at the first decode round (deferred past the target's prefill) and is
+    # fed all but the newest token (the first catch-up feeds that one)
+    assert fed[0] == [len(PROMPT)]
     assert max(r for rows in fed[1:] for r in rows) == drafter.max_catchup
     assert skipped[-1] > 0
     # the identical draft still agrees with the target after the hole (greedy, same weights
@@ -208,5 +213,8 @@ def test_cost_aware_engine_starts_calibrated(models):
     for k, seconds in measured["verify_s"].items():
         assert cost.verify_time(k) == seconds
     assert cost.draft_time(3) == pytest.approx(3 * measured["draft_step_s"])
+    # a draft start is priced per prefill position from a timed many-row draft pass
+    assert measured["draft_prefill_s"] > 0
+    assert cost.draft_prefill_time(100) == pytest.approx(100 * measured["draft_prefill_s"])
     # a fixed-k engine does not spend start-up time calibrating
     assert LLM(target, draft=draft, speculative_config=spec(2)).engine.cost.verify_time(0) == 1.0

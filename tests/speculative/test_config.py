@@ -47,6 +47,10 @@ INVALID = [
     ("disable_by_batch_size", 2.0),
     ("draft_dtype", "int3"),
     ("draft_dtype", 16),
+    ("prefill_window", 0),
+    ("prefill_window", 2.5),
+    ("prefill_window", "256"),
+    ("prefill_window", True),
 ]
 
 
@@ -89,3 +93,11 @@ def test_from_dict_rejects_unknown_fields_and_non_dicts():
     assert SpeculativeConfig.from_dict(None) is None
     config = SpeculativeConfig(method="ngram")
     assert SpeculativeConfig.from_dict(config) is config
+
+
+def test_prefill_window_defaults_to_the_drafters_and_none_means_the_whole_context():
+    from specserve.speculative.draft_model import DEFAULT_PREFILL_WINDOW
+
+    assert SpeculativeConfig(**NGRAM).prefill_window == DEFAULT_PREFILL_WINDOW
+    assert SpeculativeConfig(**NGRAM, prefill_window=None).prefill_window is None
+    assert SpeculativeConfig(**NGRAM, prefill_window=64).prefill_window == 64

@@ -41,3 +41,40 @@ def test_compute_bound_pass_stops_drafting_at_batch_16_but_not_alone():
     assert policy.best_k(4) == 0
     # the step time is that of 16 sequences each verifying k + 1 rows
     assert cost.step_time(2) == cost.draft_time(2) + cost.pass_time(48)
+
+
+def test_starting_the_drafter_pays_for_a_long_request_but_not_a_short_one():
+    """Start-up rule: the best k's saving per token at the prior acceptance, times the tokens
+    still to generate, must beat the draft prefill's seconds."""
+    cost = seeded(lambda rows: DECODE * (1 + 0.01 * rows))
+    cost.set_step(1)
+    policy = CostAwarePolicy(cost, max_k=4)  # no rounds yet: the prior (0.7) decides
+    k = policy.best_k(255)
+    assert k > 0
+    expected = 1 + sum(0.7 ** i for i in range(1, k + 1))
+    saved = cost.step_time(0) - cost.step_time(k) / expected  # seconds per token
+    startup = 100 * saved  # a start that the saving over 100 tokens pays for, and no more
+    assert policy.worth_starting(255, startup)
+    assert not policy.worth_starting(15, startup)
+    assert not policy.worth_starting(100, startup)  # break-even is not enough (the margin)
+    assert policy.worth_starting(100, 0.0)
+    assert sum(policy.histogram.values()) == 0  # asking is not a round
+
+
+def test_starting_the_drafter_never_pays_where_the_batch_makes_drafting_lose():
+    cost = seeded(lambda rows: DECODE * (0.5 + 0.5 * rows))  # compute-bound passes
+    policy = confident(cost)
+    cost.set_step(1)
+    assert policy.worth_starting(1000, 0.01)
+    cost.set_step(16)
+    assert not policy.worth_starting(1000, 0.0)
+
+
+def test_starting_the_drafter_follows_what_the_request_has_learned():
+    cost = seeded(lambda rows: DECODE * (1 + 0.01 * rows))
+    cost.set_step(1)
+    hostile = CostAwarePolicy(cost, max_k=4)
+    for _ in range(8):
+        hostile.observe(2, 0)
+    assert not hostile.worth_starting(1000, 0.0)
+    assert confident(cost).worth_starting(1000, 0.5)

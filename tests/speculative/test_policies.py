@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from specserve.engine.cost_model import CostModel
+from specserve.engine.cost_model import DEFAULT_DRAFT_PREFILL_RATIO, CostModel
 from specserve.speculative.cost_aware import CostAwarePolicy
 from specserve.speculative.policies import (
     AcceptanceRatePolicy,
@@ -418,3 +418,22 @@ def test_seeded_cost_model_keeps_the_calibrated_shape_and_scales_it():
     assert snap["seeded"] and snap["scales"] == pytest.approx([2.0, 2.0], rel=1e-3)
     assert snap["verify_s"] == pytest.approx({k: 2 * s for k, s in shape.items()}, rel=1e-3)
     assert snap["draft_s"][7] == pytest.approx(2 * 7 * 0.050, rel=1e-3)
+
+
+def test_non_cost_aware_policies_start_the_drafter_whenever_they_draft():
+    assert FixedPolicy(3).worth_starting(1, 1e9)
+    assert not FixedPolicy(0).worth_starting(1 << 20, 0.0)  # speculation off: never started
+    for policy in (AcceptanceRatePolicy(2), AcceptedLengthPolicy(2), HeuristicPolicy(2)):
+        assert policy.worth_starting(1, 1e9)
+
+
+def test_draft_prefill_time_is_calibrated_per_position_and_follows_the_draft_scale():
+    cost = CostModel(ema=1.0)
+    assert cost.draft_prefill_time(0) == 0.0
+    cost.seed(0.02, {0: 0.1, 1: 0.11}, draft_prefill_s=0.001)
+    assert cost.draft_prefill_time(200) == pytest.approx(0.2)
+    cost.observe_draft(1, 0.04)  # drafting runs twice as slow as calibrated
+    assert cost.draft_prefill_time(200) == pytest.approx(0.4)
+    uncalibrated = CostModel()
+    uncalibrated.seed(0.02, {0: 0.1})
+    assert uncalibrated.draft_prefill_time(10) == pytest.approx(10 * 0.02 * DEFAULT_DRAFT_PREFILL_RATIO)
