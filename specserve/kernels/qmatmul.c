@@ -48,11 +48,12 @@
  *   registers, 8 with AVX-512's 32), so a verify pass costs arithmetic, not another trip
  *   through memory. The lanes are summed exactly (as doubles) per super-block.
  * - prefill (many rows, `tile_rows`): AVX-512 VNNI, 16 outputs in the lanes × 6 rows; AVX2,
- *   4-bit weights only (6 and 8 bits take the decode loop there), 8 outputs × 3 rows. The weights of the outputs are rearranged once
- *   per call so that vpdpbusd (AVX2: pmaddubsw) multiplies 4 inputs of each output by 4
- *   broadcast activation bytes; a block is 8 such steps into one register, scaled once by
- *   the outputs' block scales: about half the decode loop's vector multiplies per product,
- *   and its float steps shared by all the outputs of the register.
+ *   4-bit weights only (6 and 8 bits take the decode loop there), 8 outputs × 3 rows. The
+ *   weights of the outputs are rearranged once per call so that vpdpbusd (AVX2: pmaddubsw)
+ *   multiplies 4 inputs of each output by 4 broadcast activation bytes; a block is 8 such
+ *   steps into one register, scaled once by the outputs' block scales: about half the decode
+ *   loop's vector multiplies per product, and its float steps shared by all the outputs of
+ *   the register.
  *
  * 8-bit weights use pmaddubsw on |w| and the activations carrying w's sign.
  *
@@ -197,6 +198,8 @@ static inline __attribute__((always_inline)) void output_rows(
     const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     const __m512i rot = _mm512_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0, 30, 30, 30, 30);
     const __m512i top = _mm512_set1_epi8(0x30);
+    const __m512i pick =  /* bytes 0, 1 into every word of the low half, 2, 3 of the high */
+        _mm512_inserti64x4(_mm512_set1_epi16(0x0100), _mm256_set1_epi16(0x0302), 1);
     __m256 mainv = _mm256_setzero_ps();  /* lane r: row r */
     float mains[ROWS] = {0};  /* the same, for 1 or 2 rows */
     for (int64_t s = 0; s < ns; s++) {
@@ -214,7 +217,8 @@ static inline __attribute__((always_inline)) void output_rows(
             }
             if (bits == 6) {  /* the top 2 bits to bits 4-5 of each weight's byte, or'ed in */
                 const uint8_t *h = qh + b * 8;
-                _mm_prefetch((const char *)h + PREFETCH / 2, _MM_HINT_T0);
+                if (!(b & 7))  /* once per 64-byte line */
+                    _mm_prefetch((const char *)h + PREFETCH / 2, _MM_HINT_T0);
                 const __m512i high = _mm512_rolv_epi32(
                     _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)h)), rot);
                 w = _mm512_ternarylogic_epi32(w, high, top, 0xF8);  /* w | (high & top) */
@@ -224,8 +228,9 @@ static inline __attribute__((always_inline)) void output_rows(
                 w = _mm512_abs_epi8(sign);
             }
             const __mmask64 neg = bits == 8 ? _mm512_movepi8_mask(sign) : 0;
-            const __m512i scale = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_set1_epi16(sc[b])), _mm256_set1_epi16(sc[b + 1]), 1);
+            int32_t both;  /* sc[b], sc[b + 1]: broadcast, then each half picks its word */
+            memcpy(&both, sc + b, 4);
+            const __m512i scale = _mm512_shuffle_epi8(_mm512_set1_epi32(both), pick);
             for (int r = 0; r < nr; r++) {
                 __m512i a = _mm512_loadu_si512((const void *)(qa + r * k + b * QK));
                 if (bits == 8) a = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
@@ -284,7 +289,8 @@ static inline __attribute__((always_inline)) void output_rows(
             }
             if (bits == 6) {  /* the top 2 bits to bits 4-5 of each weight's byte, or'ed in */
                 const uint8_t *hp = qh + b * 8;
-                _mm_prefetch((const char *)hp + PREFETCH / 2, _MM_HINT_T0);
+                if (!(b & 7))  /* once per 64-byte line */
+                    _mm_prefetch((const char *)hp + PREFETCH / 2, _MM_HINT_T0);
                 const __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)hp));
                 w0 = _mm256_or_si256(w0, _mm256_and_si256(_mm256_sllv_epi32(h, left), top));
                 w1 = _mm256_or_si256(w1, _mm256_and_si256(_mm256_srlv_epi32(h, right), top));
@@ -340,7 +346,8 @@ static inline __attribute__((always_inline)) void rows_of(
     const uint16_t *mins, int64_t k, int64_t sb, const int8_t *qa, const float *dat,
     int64_t stride, const float *dsa, int nr, float *out) {
     if (bits == 4) output_rows(4, qs, qh, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
-    else if (bits == 6) output_rows(6, qs, qh, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
+    else if (bits == 6)
+        output_rows(6, qs, qh, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
     else output_rows(8, qs, qh, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
 }
 
@@ -380,8 +387,9 @@ static void output_tiles(int bits, const uint8_t *qs, const uint8_t *qh, const i
  * that one register holds 4 consecutive inputs of each of the outputs. AVX-512 VNNI:
  * vpdpbusd multiplies them by 4 broadcast activation bytes of a row and sums each group of 4
  * into its output's lane, so a block of 32 inputs is 8 such steps into one register (6-bit
- * weights, unsigned like 4-bit ones, the same way); AVX2 (4 bits only): pmaddubsw, its 16-bit pair sums added up over the block's 8 steps (≤ 8·3810,
- * no overflow), then one pmaddwd by 1. Either way each block is scaled once by the outputs'
+ * weights, unsigned like 4-bit ones, the same way); AVX2 (4 bits only): pmaddubsw, its
+ * 16-bit pair sums added up over the block's 8 steps (≤ 8·3810, no overflow), then one
+ * pmaddwd by 1. Either way each block is scaled once by the outputs'
  * block scales and summed exactly over the super-block (64-bit integers, or doubles). The
  * float steps are the decode loop's, lane by lane, so every row gets the same bits as there.
  * Rows past the last full tile and outputs past the last full TOUT take the decode loop. */

@@ -92,10 +92,12 @@ class NativeWeights:
         out_f = self.qs.shape[0]
         if self.bits == 8:
             return self.qs.to(torch.int16)
-        q = torch.stack([self.qs & 0x0F, self.qs >> 4], dim=2).to(torch.int16)  # [out, pairs, 2, 32]
+        q = torch.stack([self.qs & 0x0F, self.qs >> 4], dim=2)  # [out, pairs, 2, 32]
+        q = q.to(torch.int16)
         if self.bits == 6:
             shifts = torch.arange(0, 8, 2, dtype=torch.int16)  # [4] field g at bits 2g
-            high = (self.qh.to(torch.int16)[:, :, None, :] >> shifts[:, None]) & 3  # [out, pairs, 4, 16]
+            high = (self.qh.to(torch.int16)[:, :, None, :] >> shifts[:, None]) & 3
+            # high: [out, pairs, 4, 16], field g of byte j: weight 16g + j of the pair
             q = q | (high.reshape(q.shape) << 4)
         return q.reshape(out_f, -1)
 

@@ -182,7 +182,8 @@ def test_q6_k_tensor_repacked_to_6_bits_matches_the_files_weights(aligned, two_t
         q[:, ::32], q[:, 1::32] = -32, 31
     d = (torch.rand(rows, cols // 256, generator=g) * 1e-3 + 5e-4).half()
     w = dequantize(q6_k_bytes(q, sub, d), T.Q6_K, (rows, cols))
-    step = d.float().repeat_interleave(256, 1) * sub.float().repeat_interleave(16, 1)  # [rows, cols]
+    step = d.float().repeat_interleave(256, 1) * sub.float().repeat_interleave(16, 1)
+    # step: [rows, cols], each weight's Q6_K step
     assert torch.equal(w, step * q)  # the bytes say what we meant
     nw = quantize_native(w, 6, sc_max(6))
     err = (nw.dequantize() - w).abs()
