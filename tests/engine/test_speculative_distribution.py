@@ -70,11 +70,13 @@ def test_windowed_deferred_draft_keeps_the_exact_law(budget):
     engine = toy.toy_engine(P, Q, K, budget=budget)
     drafter = engine.drafter
     drafter.prefill_window = 3
-    skipped = []
+    drafter.max_prefill_tokens = 1024  # every start fits its call, so each drafts from round one
+    started = []  # (skipped, ready) right after each start
     activate = drafter.activate
-    drafter.activate = lambda seq: activate(seq) or skipped.append(drafter._seqs[seq.seq_id].skipped)
+    drafter.activate = lambda seq: activate(seq) or started.append(
+        (drafter._seqs[seq.seq_id].skipped, drafter.ready(seq)))
     prompt = [2, 0, 1, 2, 2, 0, 2, 1, 0, 1]
     counts = empirical(engine, SAMPLES, seed=4321, prompt=prompt)
-    assert skipped == [len(prompt) + 1 - 3] * SAMPLES  # every draft started from the window
+    assert started == [(len(prompt) + 1 - 3, True)] * SAMPLES  # every draft from the window
     law = toy.exact_continuations(P, Q, first=1, n=N_TOKENS, k=K, budget=budget, bonus=True)
     assert chi_square_p(counts, law) > ALPHA
