@@ -1,24 +1,20 @@
-"""Prefill rate and decode step time of an int4 model on each matmul kernel, side by side in
-one process: the kernel as it was before the prefill tiles and the AVX-512 build (`before`:
-`specserve/kernels/qmatmul.c` at commit 30b2545, AVX2, rows four at a time per output), and
-today's kernel on each instruction set this CPU runs. Every variant runs the same passes in
-turn, round after round (medians of `repeats`), on the same weights, 2 threads.
+"""Prefill rate and decode step time of an int4 model on each instruction set's matmul kernels,
+side by side in one process: every variant runs the same passes in turn, round after round
+(medians of `repeats`), on the same weights, 2 threads.
 
     python benchmarks/scripts/prefill_kernels.py qwen2.5-coder-1.5b [repeats]
 
 Prints the CPU's vector flags, then per variant: prefill tokens/s of a 512- and a 900-token
-prompt, and the decode step time after the 900-token prompt.
+prompt, and the decode step time after the 900-token prompt. (Until the 6-bit width came, it
+also ran the kernel of commit 30b2545, rows four at a time; that kernel cannot read 6-bit
+weights, and its figures stay in benchmarks/results.)
 """
 
 from __future__ import annotations
 
-import ctypes
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
@@ -27,23 +23,7 @@ from specserve.engine.runner import ModelRunner
 from specserve.models.loader import load_model
 from specserve.models.quant import NativeLinear
 
-BEFORE = "30b2545"  # the last commit with the four-row-only AVX2 kernel
 PROMPTS = (512, 900)
-
-
-def before_library() -> ctypes.CDLL:
-    """The kernel of commit BEFORE, built from git (its q_matmul has no `path` argument; the
-    extra one is ignored)."""
-    source = subprocess.run(["git", "show", f"{BEFORE}:specserve/kernels/qmatmul.c"],
-                            capture_output=True, text=True, check=True,
-                            cwd=Path(__file__).resolve().parent).stdout
-    path = Path(tempfile.mkdtemp()) / "qmatmul_before.c"
-    path.write_text(source)
-    lib = ctypes.CDLL(str(kernels.build(path)))
-    p, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.q_matmul.argtypes = [c_int, p, i64, i64, i64, p, p, p, p, i64, p, c_int]
-    lib.q_matmul.restype = c_int
-    return lib
 
 
 def native_linears(model) -> list[NativeLinear]:
@@ -57,8 +37,7 @@ def main(name: str, repeats: int = 3) -> None:
     print(f"CPU flags: {' '.join(flags)}; kernels.isa() = {kernels.isa()}", flush=True)
     model = load_model(name, "bfloat16", weights="int4").model
     lins = native_linears(model)
-    libs = {"before (avx2)": before_library(),
-            **{f"now ({isa})": kernels.qmatmul(isa) for isa in kernels.available_isas()}}
+    libs = {f"now ({isa})": kernels.qmatmul(isa) for isa in kernels.available_isas()}
     runner = ModelRunner(model, num_blocks=max(PROMPTS) // 16 + 8, block_size=16)
     table = runner.new_table()
     assert runner.reserve(table, max(PROMPTS) + 1)
