@@ -46,8 +46,9 @@ class CostModel:
     Once `seed`ed from a calibration, the calibration fixes the *shape*: how the cost grows
     with k (on the native kernels it rises in steps of four rows, which no line captures),
     and observations only move two scales, one for drafting and one for the rest of the
-    round (EMA of observed / calibrated). A shared machine that slows down for a minute
-    then slows every k alike, and the choice between them, which depends on their ratios,
+    round (EMA of observed / calibrated; drafting's is relative to the rest's, so it moves
+    with the machine even while nothing drafts). A shared machine that slows down for a
+    minute then slows every k alike, and the choice between them, which depends on their ratios,
     does not wander with the noise of whichever k happened to be measured in a slow second.
     """
 
@@ -64,7 +65,8 @@ class CostModel:
         self._lines: tuple[_Line, _Line] | None = None  # (draft, verify) fits; None = stale
         self._ema = ema
         self._base: CostModel | None = None  # the calibration (shape), once seeded
-        self._scales = [1.0, 1.0]  # observed / calibrated: [drafting, the rest of a round]
+        # observed / calibrated: [drafting relative to the rest, the rest of a round]
+        self._scales = [1.0, 1.0]
         self._prefill: float | None = None  # calibrated seconds per draft prefill position
         self.batch_size = 1  # decoding sequences in the step being planned (see `set_step`)
 
@@ -89,7 +91,8 @@ class CostModel:
         verify = self._base._verify.values if self._base is not None else self._verify.values
         ks = sorted({0, *verify})
         return {"seeded": self._base is not None,
-                "scales": list(self._scales) if self._base is not None else None,
+                "scales": [self._draft_scale(), self._scales[1]] if self._base is not None
+                else None,
                 "draft_s": {k: self.draft_time(k) for k in ks if k > 0},
                 "verify_s": {k: self.verify_time(k) for k in ks}}
 
@@ -98,7 +101,7 @@ class CostModel:
         if num_steps > 0:
             seconds = _check_seconds("seconds", seconds)
             if self._base is not None:
-                self._rescale(0, seconds, self._base.draft_time(num_steps))
+                self._rescale(0, seconds, self._base.draft_time(num_steps) * self._scales[1])
             else:
                 self._draft.update(num_steps, seconds)
                 self._lines = None
@@ -112,6 +115,12 @@ class CostModel:
             self._verify.update(k, seconds)
             self._lines = None
 
+    def _draft_scale(self) -> float:
+        """Observed / calibrated drafting: the machine's scale (learned from every round)
+        times drafting's own, learned only from rounds that draft; so a draft not run for a
+        while (or not yet started) is still priced on a machine that slowed down."""
+        return self._scales[0] * self._scales[1]
+
     def _rescale(self, which: int, seconds: float, calibrated: float) -> None:
         """Seeded: only the scale moves (the per-k timings are not read once seeded)."""
         if calibrated > 0:
@@ -121,7 +130,7 @@ class CostModel:
         if k <= 0:
             return 0.0
         if self._base is not None:
-            return self._base.draft_time(k) * self._scales[0]
+            return self._base.draft_time(k) * self._draft_scale()
         measured = self._draft.values.get(k)
         return measured if measured is not None else self._fits()[0].at(k)
 
@@ -138,7 +147,7 @@ class CostModel:
         base = self._base if self._base is not None else self
         per_token = base._prefill if base._prefill is not None \
             else DEFAULT_DRAFT_PREFILL_RATIO * base.draft_time(1)
-        scale = self._scales[0] if self._base is not None else 1.0
+        scale = self._draft_scale() if self._base is not None else 1.0
         return num_tokens * per_token * scale
 
     def round_time(self, k: int) -> float:

@@ -437,3 +437,18 @@ def test_draft_prefill_time_is_calibrated_per_position_and_follows_the_draft_sca
     uncalibrated = CostModel()
     uncalibrated.seed(0.02, {0: 0.1})
     assert uncalibrated.draft_prefill_time(10) == pytest.approx(10 * 0.02 * DEFAULT_DRAFT_PREFILL_RATIO)
+
+
+def test_a_machine_slowdown_seen_only_in_plain_rounds_also_prices_the_draft_higher():
+    """While nothing drafts (a draft not started yet), plain rounds alone tell the cost model
+    the machine slowed down: drafting and a draft start are priced up alike, so the ratio
+    that decides whether to start does not drift with the machine's load."""
+    cost = CostModel(ema=1.0)
+    cost.seed(0.02, {0: 0.1, 1: 0.11}, draft_prefill_s=0.001)
+    cost.observe_verify(0, 0.3)  # three times slower, seen at k = 0 only
+    assert cost.verify_time(1) == pytest.approx(0.33)
+    assert cost.draft_time(2) == pytest.approx(3 * 0.04)
+    assert cost.draft_prefill_time(100) == pytest.approx(3 * 0.1)
+    cost.observe_draft(1, 0.03)  # then drafting turns out only half as slow as the rest
+    assert cost.draft_time(1) == pytest.approx(0.03)
+    assert cost.verify_time(0) == pytest.approx(0.3)
