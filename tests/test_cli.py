@@ -85,8 +85,11 @@ def run_cli(*args: str, cache: Path | None = None, code: str | None = None, as_n
     command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "specserve.cli", *args]
     if as_nobody and os.geteuid() == 0:  # root ignores file permissions: drop to an ordinary user
         command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *command]
+    # Ctrl-C as a terminal delivers it: a runner started in the background (nohup, `&`) passes
+    # SIGINT down ignored, and Python then keeps it ignored
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdin=stdin, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     if wait:
         proc.out, proc.err = proc.communicate(timeout=300)
     return proc

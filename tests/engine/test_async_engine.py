@@ -154,8 +154,10 @@ def test_shutdown_aborts_what_does_not_finish_within_the_timeout(model):
     finished = []
     engine.add("the cat", greedy(1000), request_id="long", on_delta=lambda d: d.finished and finished.append(d))
     engine.add("x", greedy(1), request_id="short", on_delta=lambda d: d.finished and finished.append(d))
-    time.sleep(0.2)
-    engine.shutdown(timeout=0.5)
+    deadline = time.monotonic() + 10
+    while not any(d.request_id == "short" for d in finished) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    engine.shutdown(timeout=0.05)  # "long" (1000 tokens) is still far from done: aborted
     reasons = {d.request_id: d.output.outputs[0].finish_reason for d in finished}
     assert reasons == {"short": "length", "long": "abort"}
     assert not engine.engine.has_unfinished()
