@@ -185,3 +185,20 @@ def _add_tokenizer(writer, vocab: int, arch: str) -> None:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_chat_template(CHAT_TEMPLATE)
+
+
+def load_int8_pair(tmp_path_factory):
+    """A target (seed 0) and a draft (seed 1) qwen2 tiny model, loaded float32 with int8
+    weights: the speculative tests' pair."""
+    from specserve.models.loader import load_model
+
+    target = build_hf_model("qwen2", seed=0)
+    other = build_hf_model("qwen2", seed=1)
+    t = load_model(save_hf_dir(target, tmp_path_factory.mktemp("t")), "float32", weights="int8")
+    d = load_model(save_hf_dir(other, tmp_path_factory.mktemp("d")), "float32", weights="int8")
+    return t, d
+
+
+def draft_spec(k, **kw) -> dict:
+    """A draft-model speculative config with k drafts (the draft passed to LLM separately)."""
+    return {"method": "draft_model", "model": "draft", "num_speculative_tokens": k, **kw}

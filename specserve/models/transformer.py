@@ -253,6 +253,7 @@ class Transformer:
         x = x.contiguous()
         h = torch.empty_like(x)  # [rows, hidden]
         attn = torch.empty((rows, heads * hd), dtype=torch.float32)  # [rows, heads * hd]
+        act = torch.empty((rows, c.intermediate_size), dtype=torch.float32)  # [rows, inter]
         eps, scale = ctypes.c_float(c.rms_norm_eps), ctypes.c_float(1 / math.sqrt(hd))
         num_seqs, max_blocks = tables32.shape
         per_layer = cache.keys[0].numel()
@@ -272,9 +273,8 @@ class Transformer:
             _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, layer.mlp_norm.data_ptr(), eps,
                                    h.data_ptr()), "rms_norm")
             gate_up = layer.gate_up(h).contiguous()  # [rows, 2 * intermediate]
-            act = torch.empty((rows, gate_up.shape[1] // 2), dtype=torch.float32)
-            _check_rc(lib.silu_mul(gate_up.data_ptr(), rows, act.shape[1], act.data_ptr()),
-                      "silu_mul")
+            _check_rc(lib.silu_mul(gate_up.data_ptr(), rows, c.intermediate_size,
+                                   act.data_ptr()), "silu_mul")
             x += layer.down(act)
         out = torch.empty_like(x)  # [rows, hidden]
         _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, self.norm.data_ptr(), eps,

@@ -13,7 +13,6 @@ import pytest
 
 from specserve.engine.calibration import calibrate
 from specserve.llm import LLM
-from specserve.models.loader import load_model
 from specserve.sampling.params import SamplingParams
 from tests import tiny
 
@@ -22,15 +21,10 @@ PROMPT = [5, 17, 33, 8, 90, 41]
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    target = tiny.build_hf_model("qwen2", seed=0)
-    other = tiny.build_hf_model("qwen2", seed=1)
-    t = load_model(tiny.save_hf_dir(target, tmp_path_factory.mktemp("t")), "float32", weights="int8")
-    d = load_model(tiny.save_hf_dir(other, tmp_path_factory.mktemp("d")), "float32", weights="int8")
-    return t, d
+    return tiny.load_int8_pair(tmp_path_factory)
 
 
-def spec(k, **kw):
-    return {"method": "draft_model", "model": "draft", "num_speculative_tokens": k, **kw}
+spec = tiny.draft_spec
 
 
 def greedy(n):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from specserve.llm import LLM
-from specserve.models.loader import load_model
 from specserve.sampling.params import SamplingParams
 from tests import tiny
 
@@ -17,15 +16,10 @@ PROMPT = [(7 * j) % 90 + 5 for j in range(100)]
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    target = tiny.build_hf_model("qwen2", seed=0)
-    other = tiny.build_hf_model("qwen2", seed=1)
-    t = load_model(tiny.save_hf_dir(target, tmp_path_factory.mktemp("t")), "float32", weights="int8")
-    d = load_model(tiny.save_hf_dir(other, tmp_path_factory.mktemp("d")), "float32", weights="int8")
-    return t, d
+    return tiny.load_int8_pair(tmp_path_factory)
 
 
-def spec(k, **kw):
-    return {"method": "draft_model", "model": "draft", "num_speculative_tokens": k, **kw}
+spec = tiny.draft_spec
 
 
 def greedy(n):
