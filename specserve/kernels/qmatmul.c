@@ -8,69 +8,61 @@
  *
  * Batch invariance. A row's result never depends on the other rows of its call, on how many
  * there are, or on which loop order (path) the call took: every (row, output) is reduced in
- * one fixed order, each row in its own accumulators, and the tiles only decide which rows
+ * one fixed order, each row in its own accumulators, and the loops only decide which rows
  * share a weight load. Both builds give bit-identical results too (see "Arithmetic" below).
  *
- * Quantized weights W [n, k], per output row, in blocks of 32 inputs grouped into
- * super-blocks of `sb` inputs (64, 128 or 256; k a multiple of sb):
- *   qs    4 bits: [n, k/64, 32] uint8: 32 bytes hold block 2p in their low and block 2p + 1
- *         in their high nibbles (q in 0..15), so one 256-bit load and two masks unpack both;
- *         6 bits: the same for the low 4 bits of q (q in 0..63);
- *         8 bits: [n, k] int8 (q in −127..127);
- *   qh    6 bits only: [n, k/64, 16] uint8, the top 2 bits of q: byte j of a block pair holds
- *         those of the pair's weights j + 16g (g = 0..3; weights 0..31 are block 2p, 32..63
- *         block 2p + 1) at bits 2g, 2g + 1. AVX-512 broadcasts the 16 bytes to the 4 128-bit
- *         groups of a zmm (byte lane 16g + j: weight 16g + j), rotates group g's 32-bit lanes
- *         left by 4, 2, 0, 30 so that each field sits at bits 4-5 of its own byte, masks 0x30
- *         and ors them into the nibbles; AVX2 does the same per block with two 256-bit
- *         variable shifts (block 2p: groups 0, 1 left by 4, 2; block 2p + 1: groups 2, 3
- *         right by 0, 2);
- *   sc    [n, k/32] int16: each block's scale as an integer multiple of its super-block's
- *   dsup  [n, k/sb] float: scale step, so block scale = dsup·sc (sc ≤ SC_MAX4, SC_MAX6 or
- *         SC_MAX8);
- *   mins  4 and 6 bits: [n, k/32] fp16: each block's minimum, so w = dsup·sc·q + min
- *         (8 bits: w = dsup·sc·q).
- * Activations are quantized on the fly per row, to int8 with one float scale per super-block
- * (`da`), and with each block's sum (`dsa` = da·Σqa) for the minimum term.
+ * Activations are quantized on the fly per row, to int8 (−127..127) with one float scale per
+ * super-block of `sb` inputs (`da`; sb = 64, 128 or 256, k a multiple of sb), and each block of
+ * 32 inputs' integer sum (`bs`).
  *
- * Arithmetic, the same bits on every path and build. For a row and an output, each
- * super-block's dot product I_s = Σ_b sc_b · Σ_i q_i·qa_i is an exact integer (summed in 64
- * bits); the row accumulates y = fma((float)I_s, dsup_s·da_s, y) over the super-blocks in
- * order; then y + the minimum term (4, 6 bits: Σ_b min_b·dsa_b in 8 float lanes, lane j taking
- * blocks j, j + 8, ..., summed as `hsum` does, then the blocks past the last full 8 one by
- * one). Since I_s is exact, it does not matter how its terms are grouped, and each path
- * groups them its own way:
+ * ---- 4- and 6-bit weights: outputs in the lanes ----
+ * W [n, k] is stored in tiles of 16 outputs (T = ⌈n/16⌉; the outputs past n are zeros), each
+ * tile block by block (nb = k/32 blocks, ns = k/sb super-blocks), so that one register holds 4
+ * consecutive inputs of each of the 16 outputs:
+ *   qs    [T, nb, 4, 64] uint8: chunk c, byte 4l + j (lane l = output 16t + l, j = 0..3): low
+ *         nibble = q of input 4c + j of the block, high nibble = q of input 16 + 4c + j (the
+ *         low 4 bits of q; so chunk c's low nibbles are input group c, its high ones group c + 4);
+ *   qh    6 bits: [T, nb, 2, 64] uint8: plane h, byte 4l + j, bits 2g, 2g + 1 (g = 0..3) = the
+ *         top 2 bits of q of input 4(4h + g) + j;
+ *   sc    [T, nb, 16] uint8: each block's scale as a multiple (≤ SC_MAX_LANES) of the step dsup;
+ *   mins  [T, nb, 16] int8: each block's offset as a multiple (−127..127) of the step dmin;
+ *   dsup, dmin  [T, ns, 16] float: the steps of each super-block,
+ * so w = dsup·sc·q + dmin·mins (q in 0..15 or 0..63). One loop serves every number of rows
+ * (decode, verify and prefill alike): AVX-512 VNNI vpdpbusd multiplies the 16 outputs' 4
+ * weight bytes by 4 broadcast activation bytes and sums each group of 4 into its output's lane
+ * (a block is 8 such steps into one register); AVX2 does the same on the tile's two halves of
+ * 8 outputs with pmaddubsw and pmaddwd by 1. Each chunk of weights, once unpacked, serves up
+ * to LR rows while it sits in registers.
  *
- * - decode (few rows, `output_rows`): per output, pmaddubsw multiplies unsigned weights by int8
- *   activations and pmaddwd (AVX-512 VNNI: vpdpwssd, two blocks per zmm) scales the 16-bit
- *   pair sums by the block's integer scale into 32-bit lanes; each weight pair is unpacked
- *   once for up to ROWS activation rows while it sits in registers (4 with AVX2's 16 vector
- *   registers, 8 with AVX-512's 32), so a verify pass costs arithmetic, not another trip
- *   through memory. The lanes are summed exactly (as doubles) per super-block.
- * - prefill (many rows, `tile_rows`): AVX-512 VNNI, 16 outputs in the lanes × 6 rows; AVX2,
- *   4-bit weights only (6 and 8 bits take the decode loop there), 8 outputs × 3 rows. The
- *   weights of the outputs are rearranged once per call so that vpdpbusd (AVX2: pmaddubsw)
- *   multiplies 4 inputs of each output by 4 broadcast activation bytes; a block is 8 such
- *   steps into one register, scaled once by the outputs' block scales: about half the decode
- *   loop's vector multiplies per product, and its float steps shared by all the outputs of
- *   the register.
+ * Arithmetic, the same bits on every path and build. For a row and an output, per super-block
+ * s in order, with y = 0 at the start:
+ *   I_s = Σ_b sc_b · Σ_i q_i·qa_i  and  M_s = Σ_b mins_b · bs_b  (exact 32-bit integers),
+ *   y = fma((float)I_s, dsup_s·da_s, y);  y = fma((float)M_s, dmin_s·da_s, y).
+ * Range: a block's |Σ q·qa| ≤ 32·63·127 = 256032, times sc ≤ 255, times 8 blocks = 5.2e8 <
+ * 2^31; |M_s| ≤ 8·127·32·127 = 4.1e6. AVX2 adds pmaddubsw lanes (≤ 2·15·127 = 3810, or
+ * 2·63·127 = 16002) in 16 bits: all 8 groups of a block for 4 bits (≤ 30480), 2 at a time for
+ * 6 bits (≤ 32004).
  *
- * 8-bit weights use pmaddubsw on |w| and the activations carrying w's sign.
- *
- * 8-bit weights on the prefill tiles: vpdpbusd on the activations + 128 (unsigned) and the
- * signed weights, less 128·Σq of the block.
- *
- * Range: |pmaddubsw lane| ≤ 2·15·127 = 3810 (4 bits), 2·63·127 = 16002 (6 bits) or
- * 2·127·127 = 32258 (8 bits), so it never saturates. An int32 lane of the decode loop takes
- * 2 such lanes × sc per pmaddwd (vpdpwssd), 2 blocks' worth per pair on AVX2 (and 2 after
- * AVX-512 folds its 16 lanes to 8), × 4 pairs per super-block: ≤ 16·lane·SC_MAX, i.e.
- * 16·3810·16383 = 1.0e9, 16·16002·4095 = 1.05e9, 16·32258·4095 = 2.11e9 < 2^31. A block's
- * scaled sum on the tiles, ≤ 32·15·127·SC_MAX4 = 1.0e9, 32·63·127·SC_MAX6 = 1.05e9 or
- * 32·127·127·SC_MAX8 = 2.11e9 (8 bits: scaled after the 128·Σq correction; before it,
- * |Σ (qa + 128)·q| ≤ 32·255·127), stays below 2^31 too; the super-block's sum, up to 8
- * times that, is summed in 64 bits (or exactly in doubles).
- * AVX2's tiles add 8 pmaddubsw lanes in 16 bits: ≤ 8·3810 = 30480 for 4 bits, which is why
- * 6 bits (8·16002) do not go there.
+ * ---- 8-bit weights: rows ----
+ *   qs    [n, k] int8 (q in −127..127);
+ *   sc    [n, k/32] int16: each block's scale as a multiple (≤ SC_MAX8) of its super-block's
+ *   dsup  [n, k/sb] float: scale step, so w = dsup·sc·q.
+ * For a row and an output, each super-block's I_s = Σ_b sc_b · Σ_i q_i·qa_i is an exact
+ * integer (summed in 64 bits); y = fma((float)I_s, dsup_s·da_s, y) over the super-blocks in
+ * order. Since I_s is exact, each path groups its terms its own way:
+ * - decode (few rows, `rows8`): per output, pmaddubsw multiplies |w| by the activations
+ *   carrying w's sign and pmaddwd (AVX-512 VNNI: vpdpwssd, two blocks per zmm) scales the
+ *   16-bit pair sums by the block's integer scale into 32-bit lanes; each weight pair serves up
+ *   to ROWS activation rows while it sits in registers. The lanes are summed exactly (as
+ *   doubles) per super-block.
+ * - prefill (AVX-512 VNNI, many rows, `tile_rows8`): 16 outputs in the lanes × TROWS rows, the
+ *   outputs' weights rearranged once per call; vpdpbusd on the activations + 128 (unsigned)
+ *   and the signed weights, less 128·Σq of the block. The AVX2 build runs its decode loop over
+ *   blocks of outputs × blocks of rows instead.
+ * Range: |pmaddubsw lane| ≤ 2·127·127 = 32258; an int32 lane of the decode loop takes 2 such
+ * lanes × sc per pmaddwd, ≤ 16·32258·4095 = 2.11e9 < 2^31 over a super-block; a block's scaled
+ * sum on the tiles, ≤ 32·127·127·4095 (after the 128·Σq correction; before it, |Σ (qa + 128)·q|
+ * ≤ 32·255·127), stays below 2^31 too; the super-block's sum is summed in 64 bits.
  *
  * Float weights: each (row, output) accumulates in 8 float lanes, lane j taking inputs
  * j, j + 8, j + 16, ... by FMA in order (the last partial group zero-padded), then one fixed
@@ -86,28 +78,29 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
 #define QM_AVX512 1
-#define ROWS 8 /* activation rows per unpacked weight pair */
+#define ROWS 8 /* 8 bits: activation rows per unpacked weight pair */
+#define LR 8   /* 4, 6 bits: rows per pass over a tile */
 #define FO 4   /* float kernel: outputs per tile */
 #else
 #define QM_AVX512 0
 #define ROWS 4 /* (more spill registers) */
+#define LR 4
 #define FO 2
 #endif
 
 #define QK 32
-#define SC_MAX4 16383
-#define SC_MAX6 4095
+#define TILE 16            /* 4, 6 bits: outputs per tile */
+#define SC_MAX_LANES 255
 #define SC_MAX8 4095
 #define PREFETCH 4096      /* bytes of weights fetched ahead of use */
-#define OUT_BLOCK 16       /* tiled path: outputs per block */
-#define ROW_BYTES 196608   /* tiled path: quantized activation bytes per row block (L2) */
+#define OUT_BLOCK 16       /* 8 bits, AVX2 prefill: outputs per block */
+#define ROW_BYTES 196608   /* 8 bits, AVX2 prefill: activation bytes per row block (L2) */
 #define FR 4               /* float kernel: rows per tile */
 #define PREFILL_ROWS 32    /* path 0: from this many rows on, the prefill tiles */
-#define QS_BYTES(bits) ((bits) == 8 ? QK : QK / 2)  /* bytes of qs per block */
 
-/* x [k] float → qa [k] int8, da [k/sb], dsa [k/32] = da·Σqa (block) for one row. */
+/* x [k] float → qa [k] int8, da [k/sb], bs [k/32] = Σqa (block) for one row. */
 static void quantize_row(const float *x, int64_t k, int64_t sb, int8_t *qa, float *da,
-                         float *dsa) {
+                         int32_t *bs) {
     const int64_t ns = k / sb, per = sb / QK;
     for (int64_t s = 0; s < ns; s++) {
         const float *src = x + s * sb;
@@ -140,37 +133,209 @@ static void quantize_row(const float *x, int64_t k, int64_t sb, int8_t *qa, floa
                                        _mm256_extracti128_si256(s16, 1));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-            dsa[s * per + b] = d * (float)_mm_cvtsi128_si32(s4);
+            bs[s * per + b] = _mm_cvtsi128_si32(s4);
         }
     }
 }
 
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+static inline int32_t four_bytes(const int8_t *p) {  /* 4 activation bytes as one int32 */
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
 }
 
-/* The output of nr rows from their super-block sums `main`: + the minimum term (4, 6 bits),
- * Σ_b min_b · da·Σqa_b, in 8 lanes (lane j: blocks j, j + 8, ...), the lanes summed as hsum
- * does, the blocks past the last full 8 one by one. */
-static inline __attribute__((always_inline)) void finish_rows(
-    int bits, const uint16_t *mins, int64_t nb, const float *dsa, int nr, const float *main,
-    float *out) {
-    __m256 accm[ROWS];
-    for (int r = 0; r < nr; r++) accm[r] = _mm256_setzero_ps();
-    int64_t b = bits != 8 ? 0 : nb;
-    for (; b + 8 <= nb; b += 8) {
-        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mins + b)));
-        for (int r = 0; r < nr; r++)
-            accm[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(dsa + r * nb + b), accm[r]);
-    }
-    float tail[ROWS] = {0};
-    for (; b < nb; b++)
-        for (int r = 0; r < nr; r++) tail[r] += _cvtsh_ss(mins[b]) * dsa[r * nb + b];
-    for (int r = 0; r < nr; r++) out[r] = main[r] + hsum(accm[r]) + tail[r];
+/* ---- 4- and 6-bit weights: one tile of 16 outputs × nr rows ---- */
+
+typedef struct {  /* one tile's weights (see the layout above) */
+    const uint8_t *qs, *qh, *sc;
+    const int8_t *mins;
+    const float *dsup, *dmin;
+} lanes_t;
+
+#if QM_AVX512
+/* The 2-bit field g of every byte of `h` moved to bits 4-5 (other bits: garbage, masked by the
+ * caller with 0x30; the shifts run in 16-bit lanes, whose bits crossing a byte land outside
+ * 4-5). */
+static inline __m512i field_to_top(__m512i h, int g) {
+    return g == 0 ? _mm512_slli_epi16(h, 4) : g == 1 ? _mm512_slli_epi16(h, 2)
+                                            : g == 2 ? h : _mm512_srli_epi16(h, 2);
 }
+
+/* yt [nr, 16] for rows 0..nr (qa, da, bs: row 0's, strides k, ns, nb); `bits` and nr ≤ LR
+ * are constants after inlining. */
+static inline __attribute__((always_inline)) void lanes_rows(
+    int bits, const lanes_t *w, int64_t k, int64_t sb, const int8_t *qa, const float *da,
+    const int32_t *bs, int nr, float *yt) {
+    const int64_t nb = k / QK, ns = k / sb, per = sb / QK;
+    const __m512i mask = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+    __m512 y[LR];
+    for (int r = 0; r < nr; r++) y[r] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < ns; s++) {
+        __m512i isum[LR];
+        for (int r = 0; r < nr; r++) isum[r] = _mm512_setzero_si512();
+        for (int64_t b = s * per; b < (s + 1) * per; b++) {
+            const uint8_t *q = w->qs + b * 256;
+            __m512i h0 = _mm512_setzero_si512(), h1 = h0;
+            if (bits == 6) {
+                const uint8_t *h = w->qh + b * 128;
+                _mm_prefetch((const char *)h + PREFETCH / 2, _MM_HINT_T0);
+                _mm_prefetch((const char *)h + PREFETCH / 2 + 64, _MM_HINT_T0);
+                h0 = _mm512_loadu_si512((const void *)h);
+                h1 = _mm512_loadu_si512((const void *)(h + 64));
+            }
+            __m512i acc[LR];
+            for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                _mm_prefetch((const char *)q + 64 * c + PREFETCH, _MM_HINT_T0);
+                const __m512i packed = _mm512_loadu_si512((const void *)(q + 64 * c));
+                __m512i lo = _mm512_and_si512(packed, mask);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), mask);
+                if (bits == 6) {  /* lo | (field & 0x30) */
+                    lo = _mm512_ternarylogic_epi32(lo, field_to_top(h0, c), top, 0xF8);
+                    hi = _mm512_ternarylogic_epi32(hi, field_to_top(h1, c), top, 0xF8);
+                }
+                for (int r = 0; r < nr; r++) {
+                    const int8_t *a = qa + r * k + b * QK + 4 * c;
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], lo, _mm512_set1_epi32(four_bytes(a)));
+                    acc[r] = _mm512_dpbusd_epi32(acc[r], hi,
+                                                 _mm512_set1_epi32(four_bytes(a + 16)));
+                }
+            }
+            const __m512i scale =
+                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->sc + b * TILE)));
+            for (int r = 0; r < nr; r++)
+                isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(acc[r], scale));
+        }
+        const __m512 ds = _mm512_loadu_ps(w->dsup + s * TILE);
+        const __m512 dm = _mm512_loadu_ps(w->dmin + s * TILE);
+        for (int r = 0; r < nr; r++) {
+            __m512i msum = _mm512_setzero_si512();
+            for (int64_t b = s * per; b < (s + 1) * per; b++)
+                msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w->mins + b * TILE))),
+                    _mm512_set1_epi32(bs[r * nb + b])));
+            const __m512 a = _mm512_set1_ps(da[r * ns + s]);
+            y[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(ds, a), y[r]);
+            y[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dm, a), y[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) _mm512_storeu_ps(yt + r * TILE, y[r]);
+}
+#else
+static inline __m256i field_to_top(__m256i h, int g) {  /* as the AVX-512 one */
+    return g == 0 ? _mm256_slli_epi16(h, 4) : g == 1 ? _mm256_slli_epi16(h, 2)
+                                            : g == 2 ? h : _mm256_srli_epi16(h, 2);
+}
+
+/* yt [nr, 16] for rows 0..nr, the tile's two halves of 8 outputs one after the other. */
+static inline __attribute__((always_inline)) void lanes_rows(
+    int bits, const lanes_t *w, int64_t k, int64_t sb, const int8_t *qa, const float *da,
+    const int32_t *bs, int nr, float *yt) {
+    const int64_t nb = k / QK, ns = k / sb, per = sb / QK;
+    const __m256i mask = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int half = 0; half < 2; half++) {
+        const int64_t at = 8 * half;  /* the half's first lane */
+        __m256 y[LR];
+        for (int r = 0; r < nr; r++) y[r] = _mm256_setzero_ps();
+        for (int64_t s = 0; s < ns; s++) {
+            __m256i isum[LR];
+            for (int r = 0; r < nr; r++) isum[r] = _mm256_setzero_si256();
+            for (int64_t b = s * per; b < (s + 1) * per; b++) {
+                const uint8_t *q = w->qs + b * 256 + 4 * at;
+                __m256i h0 = _mm256_setzero_si256(), h1 = h0;
+                if (bits == 6) {
+                    const uint8_t *h = w->qh + b * 128 + 4 * at;
+                    h0 = _mm256_loadu_si256((const __m256i *)h);
+                    h1 = _mm256_loadu_si256((const __m256i *)(h + 64));
+                }
+                __m256i acc[LR];  /* 4 bits: 16-bit sums; 6 bits: 32-bit */
+                for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    if (!half) _mm_prefetch((const char *)q + 64 * c + PREFETCH, _MM_HINT_T0);
+                    const __m256i packed = _mm256_loadu_si256((const __m256i *)(q + 64 * c));
+                    __m256i lo = _mm256_and_si256(packed, mask);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
+                    if (bits == 6) {
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(field_to_top(h0, c), top));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(field_to_top(h1, c), top));
+                    }
+                    for (int r = 0; r < nr; r++) {
+                        const int8_t *a = qa + r * k + b * QK + 4 * c;
+                        const __m256i p = _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, _mm256_set1_epi32(four_bytes(a))),
+                            _mm256_maddubs_epi16(hi, _mm256_set1_epi32(four_bytes(a + 16))));
+                        acc[r] = bits == 4 ? _mm256_add_epi16(acc[r], p)
+                                           : _mm256_add_epi32(acc[r], _mm256_madd_epi16(p, ones));
+                    }
+                }
+                const __m256i scale = _mm256_cvtepu8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(w->sc + b * TILE + at)));
+                for (int r = 0; r < nr; r++) {
+                    const __m256i dot = bits == 4 ? _mm256_madd_epi16(acc[r], ones) : acc[r];
+                    isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(dot, scale));
+                }
+            }
+            const __m256 ds = _mm256_loadu_ps(w->dsup + s * TILE + at);
+            const __m256 dm = _mm256_loadu_ps(w->dmin + s * TILE + at);
+            for (int r = 0; r < nr; r++) {
+                __m256i msum = _mm256_setzero_si256();
+                for (int64_t b = s * per; b < (s + 1) * per; b++)
+                    msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(
+                        _mm256_cvtepi8_epi32(
+                            _mm_loadl_epi64((const __m128i *)(w->mins + b * TILE + at))),
+                        _mm256_set1_epi32(bs[r * nb + b])));
+                const __m256 a = _mm256_set1_ps(da[r * ns + s]);
+                y[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(ds, a), y[r]);
+                y[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dm, a), y[r]);
+            }
+        }
+        for (int r = 0; r < nr; r++) _mm256_storeu_ps(yt + r * TILE + at, y[r]);
+    }
+}
+#endif
+
+/* `bits` as a compile-time constant in each copy of lanes_rows. */
+static inline __attribute__((always_inline)) void lanes_of(
+    int bits, const lanes_t *w, int64_t k, int64_t sb, const int8_t *qa, const float *da,
+    const int32_t *bs, int nr, float *yt) {
+    if (bits == 4) lanes_rows(4, w, k, sb, qa, da, bs, nr, yt);
+    else lanes_rows(6, w, k, sb, qa, da, bs, nr, yt);
+}
+
+#define LANES_CASE(n_) case n_: lanes_of(bits, &w, k, sb, a, d, s, n_, yt); break;
+
+/* Tile t of a 4- or 6-bit matmul over all rows, LR rows at a time, written into y [rows, n]. */
+static void lanes_tile(int bits, const uint8_t *qs, const uint8_t *qh, const uint8_t *sc,
+                       const int8_t *mins, const float *dsup, const float *dmin, int64_t k,
+                       int64_t sb, const int8_t *qa, const float *da, const int32_t *bs,
+                       int64_t rows, int64_t n, int64_t t, float *y) {
+    const int64_t nb = k / QK, ns = k / sb;
+    const lanes_t w = {qs + t * nb * 256, bits == 6 ? qh + t * nb * 128 : NULL,
+                       sc + t * nb * TILE, mins + t * nb * TILE, dsup + t * ns * TILE,
+                       dmin + t * ns * TILE};
+    const int64_t o0 = t * TILE, valid = n - o0 < TILE ? n - o0 : TILE;
+    float yt[LR * TILE];
+    for (int64_t r = 0; r < rows; r += LR) {
+        const int nr = rows - r < LR ? (int)(rows - r) : LR;
+        const int8_t *a = qa + r * k;
+        const float *d = da + r * ns;
+        const int32_t *s = bs + r * nb;
+        switch (nr) {  /* constant row counts, so the accumulators live in registers */
+            LANES_CASE(1) LANES_CASE(2) LANES_CASE(3)
+#if LR > 4
+            LANES_CASE(4) LANES_CASE(5) LANES_CASE(6) LANES_CASE(7)
+#endif
+        default: lanes_of(bits, &w, k, sb, a, d, s, LR, yt); break;
+        }
+        for (int i = 0; i < nr; i++)
+            memcpy(y + (r + i) * n + o0, yt + i * TILE, sizeof(float) * (size_t)valid);
+    }
+}
+
+/* ---- 8-bit weights: rows ---- */
 
 #if QM_AVX512
 /* Lane r: the exact sum of d[r]'s 8 lanes (integers in doubles: every partial sum exact). */
@@ -186,18 +351,13 @@ static inline __m256 row_totals(const __m512d *d) {
 #undef HALVES
 }
 
-/* y[r] for rows 0..nr of one output; `bits` and nr (≤ ROWS) are constants after inlining.
- * A zmm register holds a block pair: lanes 0..7 block 2p, lanes 8..15 block 2p + 1. `dat`:
- * the rows' da transposed ([ns][stride], lanes past nr readable). */
-static inline __attribute__((always_inline)) void output_rows(
-    int bits, const uint8_t *qs, const uint8_t *qh, const int16_t *sc, const float *dsup,
-    const uint16_t *mins, int64_t k, int64_t sb, const int8_t *qa, const float *dat,
-    int64_t stride, const float *dsa, int nr, float *out) {
-    const int64_t nb = k / QK, ns = k / sb, pairs = sb / (2 * QK);
-    const __m512i mask = _mm512_set1_epi8(0x0F);
-    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    const __m512i rot = _mm512_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0, 30, 30, 30, 30);
-    const __m512i top = _mm512_set1_epi8(0x30);
+/* out[r] for rows 0..nr of one output (nr ≤ ROWS, a constant after inlining). A zmm register
+ * holds a block pair: lanes 0..7 block 2p, lanes 8..15 block 2p + 1. `dat`: the rows' da
+ * transposed ([ns][stride], lanes past nr readable). */
+static inline __attribute__((always_inline)) void rows8(
+    const int8_t *qs, const int16_t *sc, const float *dsup, int64_t k, int64_t sb,
+    const int8_t *qa, const float *dat, int64_t stride, int nr, float *out) {
+    const int64_t ns = k / sb, pairs = sb / (2 * QK);
     const __m512i pick =  /* bytes 0, 1 into every word of the low half, 2, 3 of the high */
         _mm512_inserti64x4(_mm512_set1_epi16(0x0100), _mm256_set1_epi16(0x0302), 1);
     __m256 mainv = _mm256_setzero_ps();  /* lane r: row r */
@@ -207,33 +367,18 @@ static inline __attribute__((always_inline)) void output_rows(
         for (int r = 0; r < nr; r++) isum[r] = _mm512_setzero_si512();
         for (int64_t p = 0; p < pairs; p++) {
             const int64_t b = s * 2 * pairs + 2 * p;  /* first block of the pair */
-            const uint8_t *q = qs + b * QS_BYTES(bits);
+            const int8_t *q = qs + b * QK;
             _mm_prefetch((const char *)q + PREFETCH, _MM_HINT_T0);
-            __m512i w, sign = mask;
-            if (bits != 8) {
-                const __m512i packed =
-                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
-                w = _mm512_and_si512(_mm512_srlv_epi16(packed, shift), mask);
-            }
-            if (bits == 6) {  /* the top 2 bits to bits 4-5 of each weight's byte, or'ed in */
-                const uint8_t *h = qh + b * 8;
-                if (!(b & 7))  /* once per 64-byte line */
-                    _mm_prefetch((const char *)h + PREFETCH / 2, _MM_HINT_T0);
-                const __m512i high = _mm512_rolv_epi32(
-                    _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)h)), rot);
-                w = _mm512_ternarylogic_epi32(w, high, top, 0xF8);  /* w | (high & top) */
-            } else if (bits == 8) {
-                _mm_prefetch((const char *)q + PREFETCH + 64, _MM_HINT_T0);
-                sign = _mm512_loadu_si512((const void *)q);
-                w = _mm512_abs_epi8(sign);
-            }
-            const __mmask64 neg = bits == 8 ? _mm512_movepi8_mask(sign) : 0;
+            _mm_prefetch((const char *)q + PREFETCH + 64, _MM_HINT_T0);
+            const __m512i sign = _mm512_loadu_si512((const void *)q);
+            const __m512i w = _mm512_abs_epi8(sign);
+            const __mmask64 neg = _mm512_movepi8_mask(sign);
             int32_t both;  /* sc[b], sc[b + 1]: broadcast, then each half picks its word */
             memcpy(&both, sc + b, 4);
             const __m512i scale = _mm512_shuffle_epi8(_mm512_set1_epi32(both), pick);
             for (int r = 0; r < nr; r++) {
                 __m512i a = _mm512_loadu_si512((const void *)(qa + r * k + b * QK));
-                if (bits == 8) a = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
+                a = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
                 isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(w, a), scale);
             }
         }
@@ -254,23 +399,15 @@ static inline __attribute__((always_inline)) void output_rows(
             mainv = _mm256_fmadd_ps(row_totals(d), scale, mainv);
         }
     }
-    float main[8];
-    _mm256_storeu_ps(main, mainv);
+    _mm256_storeu_ps(out, mainv);
     if (nr <= 2)
-        for (int r = 0; r < nr; r++) main[r] = mains[r];
-    finish_rows(bits, mins, nb, dsa, nr, main, out);
+        for (int r = 0; r < nr; r++) out[r] = mains[r];
 }
 #else
-/* y[r] for rows 0..nr of one output; `bits` and nr (≤ ROWS) are constants after inlining. */
-static inline __attribute__((always_inline)) void output_rows(
-    int bits, const uint8_t *qs, const uint8_t *qh, const int16_t *sc, const float *dsup,
-    const uint16_t *mins, int64_t k, int64_t sb, const int8_t *qa, const float *dat,
-    int64_t stride, const float *dsa, int nr, float *out) {
-    const int64_t nb = k / QK, ns = k / sb, pairs = sb / (2 * QK);
-    (void)ns;
-    const __m256i mask = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
-    const __m256i left = _mm256_setr_epi32(4, 4, 4, 4, 2, 2, 2, 2);
-    const __m256i right = _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2);
+static inline __attribute__((always_inline)) void rows8(
+    const int8_t *qs, const int16_t *sc, const float *dsup, int64_t k, int64_t sb,
+    const int8_t *qa, const float *dat, int64_t stride, int nr, float *out) {
+    const int64_t ns = k / sb, pairs = sb / (2 * QK);
     __m128 mainv = _mm_setzero_ps();  /* lane r: row r */
     float mains = 0.0f;  /* the same, for one row */
     for (int64_t s = 0; s < ns; s++) {
@@ -278,38 +415,18 @@ static inline __attribute__((always_inline)) void output_rows(
         for (int r = 0; r < nr; r++) isum[r] = _mm256_setzero_si256();
         for (int64_t p = 0; p < pairs; p++) {
             const int64_t b = s * 2 * pairs + 2 * p;  /* first block of the pair */
-            const uint8_t *q = qs + b * QS_BYTES(bits);
+            const int8_t *q = qs + b * QK;
             _mm_prefetch((const char *)q + PREFETCH, _MM_HINT_T0);
-            __m256i w0, w1;  /* unsigned weight bytes (8 bits: |w|) */
-            __m256i sign0 = mask, sign1 = mask;  /* 8 bits: the weights, for their signs */
-            if (bits != 8) {
-                const __m256i packed = _mm256_loadu_si256((const __m256i *)q);
-                w0 = _mm256_and_si256(packed, mask);
-                w1 = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
-            }
-            if (bits == 6) {  /* the top 2 bits to bits 4-5 of each weight's byte, or'ed in */
-                const uint8_t *hp = qh + b * 8;
-                if (!(b & 7))  /* once per 64-byte line */
-                    _mm_prefetch((const char *)hp + PREFETCH / 2, _MM_HINT_T0);
-                const __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)hp));
-                w0 = _mm256_or_si256(w0, _mm256_and_si256(_mm256_sllv_epi32(h, left), top));
-                w1 = _mm256_or_si256(w1, _mm256_and_si256(_mm256_srlv_epi32(h, right), top));
-            } else if (bits == 8) {
-                _mm_prefetch((const char *)q + PREFETCH + 64, _MM_HINT_T0);
-                sign0 = _mm256_loadu_si256((const __m256i *)q);
-                sign1 = _mm256_loadu_si256((const __m256i *)(q + QK));
-                w0 = _mm256_abs_epi8(sign0);
-                w1 = _mm256_abs_epi8(sign1);
-            }
+            _mm_prefetch((const char *)q + PREFETCH + 64, _MM_HINT_T0);
+            const __m256i sign0 = _mm256_loadu_si256((const __m256i *)q);
+            const __m256i sign1 = _mm256_loadu_si256((const __m256i *)(q + QK));
+            const __m256i w0 = _mm256_abs_epi8(sign0), w1 = _mm256_abs_epi8(sign1);
             const __m256i s0 = _mm256_set1_epi16(sc[b]), s1 = _mm256_set1_epi16(sc[b + 1]);
             for (int r = 0; r < nr; r++) {
                 const int8_t *a = qa + r * k + b * QK;
-                __m256i a0 = _mm256_loadu_si256((const __m256i *)a);
-                __m256i a1 = _mm256_loadu_si256((const __m256i *)(a + QK));
-                if (bits == 8) {
-                    a0 = _mm256_sign_epi8(a0, sign0);
-                    a1 = _mm256_sign_epi8(a1, sign1);
-                }
+                const __m256i a0 = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)a), sign0);
+                const __m256i a1 =
+                    _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(a + QK)), sign1);
                 const __m256i p0 = _mm256_maddubs_epi16(w0, a0);
                 const __m256i p1 = _mm256_maddubs_epi16(w1, a1);
                 isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(p0, s0),
@@ -333,119 +450,79 @@ static inline __attribute__((always_inline)) void output_rows(
             mainv = _mm_fmadd_ps(_mm256_cvtpd_ps(tot), scale, mainv);
         }
     }
-    float main[4];
-    _mm_storeu_ps(main, mainv);
-    if (nr == 1) main[0] = mains;
-    finish_rows(bits, mins, nb, dsa, nr, main, out);
+    _mm_storeu_ps(out, mainv);
+    if (nr == 1) out[0] = mains;
 }
 #endif
 
-/* `bits` as a compile-time constant in each copy of output_rows. */
-static inline __attribute__((always_inline)) void rows_of(
-    int bits, const uint8_t *qs, const uint8_t *qh, const int16_t *sc, const float *dsup,
-    const uint16_t *mins, int64_t k, int64_t sb, const int8_t *qa, const float *dat,
-    int64_t stride, const float *dsa, int nr, float *out) {
-    if (bits == 4) output_rows(4, qs, qh, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
-    else if (bits == 6)
-        output_rows(6, qs, qh, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
-    else output_rows(8, qs, qh, sc, dsup, mins, k, sb, qa, dat, stride, dsa, nr, out);
-}
+#define ROWS8_CASE(n_) case n_: rows8(wq, ws, wd, k, sb, a, d, stride, n_, out); break;
 
-#define TILE_CASE(n_)                                                              \
-    case n_: rows_of(bits, wq, wh, ws, wd, wm, k, sb, a, d, stride, ds, n_, out); break;
-
-/* Rows r0..r1 of output o: tiles of ROWS rows (the last one shorter), written into y.
+/* Rows r0..r1 of output o: groups of ROWS rows (the last one shorter), written into y.
  * `dat` [ns][stride]: the rows' super-block scales da, transposed. */
-static void output_tiles(int bits, const uint8_t *qs, const uint8_t *qh, const int16_t *sc,
-                         const float *dsup, const uint16_t *mins, int64_t k, int64_t sb,
-                         const int8_t *qa, const float *dat, int64_t stride, const float *dsa,
+static void output_rows8(const int8_t *qs, const int16_t *sc, const float *dsup, int64_t k,
+                         int64_t sb, const int8_t *qa, const float *dat, int64_t stride,
                          int64_t n, int64_t o, int64_t r0, int64_t r1, float *y) {
     const int64_t nb = k / QK, ns = k / sb;
-    const uint8_t *wq = qs + o * nb * QS_BYTES(bits);
-    const uint8_t *wh = bits == 6 ? qh + o * nb * 8 : NULL;
+    const int8_t *wq = qs + o * k;
     const int16_t *ws = sc + o * nb;
     const float *wd = dsup + o * ns;
-    const uint16_t *wm = bits != 8 ? mins + o * nb : NULL;
-    float out[ROWS];
+    float out[8];
     for (int64_t r = r0; r < r1; r += ROWS) {
         const int nr = r1 - r < ROWS ? (int)(r1 - r) : ROWS;
         const int8_t *a = qa + r * k;
-        const float *d = dat + r, *ds = dsa + r * nb;
+        const float *d = dat + r;
         switch (nr) {  /* constant row counts, so the accumulators live in registers */
-            TILE_CASE(1) TILE_CASE(2) TILE_CASE(3)
+            ROWS8_CASE(1) ROWS8_CASE(2) ROWS8_CASE(3)
 #if ROWS > 4
-            TILE_CASE(4) TILE_CASE(5) TILE_CASE(6) TILE_CASE(7)
+            ROWS8_CASE(4) ROWS8_CASE(5) ROWS8_CASE(6) ROWS8_CASE(7)
 #endif
-        default: rows_of(bits, wq, wh, ws, wd, wm, k, sb, a, d, stride, ds, ROWS, out); break;
+        default: rows8(wq, ws, wd, k, sb, a, d, stride, ROWS, out); break;
         }
         for (int i = 0; i < nr; i++) y[(r + i) * n + o] = out[i];
     }
 }
 
-/* ---- prefill tiles: TOUT outputs in the lanes × TROWS rows ----
- * The weights of TOUT outputs are first rearranged (once per call and block of outputs) so
- * that one register holds 4 consecutive inputs of each of the outputs. AVX-512 VNNI:
- * vpdpbusd multiplies them by 4 broadcast activation bytes of a row and sums each group of 4
- * into its output's lane, so a block of 32 inputs is 8 such steps into one register (6-bit
- * weights, unsigned like 4-bit ones, the same way); AVX2 (4 bits only): pmaddubsw, its
- * 16-bit pair sums added up over the block's 8 steps (≤ 8·3810, no overflow), then one
- * pmaddwd by 1. Either way each block is scaled once by the outputs'
- * block scales and summed exactly over the super-block (64-bit integers, or doubles). The
- * float steps are the decode loop's, lane by lane, so every row gets the same bits as there.
- * Rows past the last full tile and outputs past the last full TOUT take the decode loop. */
 #if QM_AVX512
+/* ---- 8-bit prefill tiles (AVX-512 VNNI): TOUT outputs in the lanes × TROWS rows ----
+ * The weights of TOUT outputs are first rearranged (once per call and block of outputs) so
+ * that one register holds 4 consecutive inputs of each of the outputs: vpdpbusd multiplies
+ * them by 4 broadcast bytes of a row's activations + 128 and sums each group of 4 into its
+ * output's lane; less 128·Σq, a block is exact, scaled once by the outputs' block scales and
+ * summed exactly over the super-block in 64 bits. The float steps are the decode loop's, lane
+ * by lane. Rows past the last full tile and outputs past the last full TOUT take the decode
+ * loop. */
 #define TOUT 16
 #define TROWS 6
-#else
-#define TOUT 8
-#define TROWS 3
-#endif
 
 typedef struct {
-    uint8_t *w;      /* [nb][8][16][4] weight bytes: 4, 6 bits q (unsigned), 8 bits q (signed) */
+    int8_t *w;       /* [nb][8][16][4] weight bytes */
     int32_t *sc;     /* [nb][16] block scales */
-    int32_t *wsum;   /* 8 bits: [nb][16] 128·Σq of the block (for the +128 activations) */
+    int32_t *wsum;   /* [nb][16] 128·Σq of the block (for the +128 activations) */
     float *dsup;     /* [ns][16] */
-    float *mins;     /* 4, 6 bits: [nb][16] */
 } packed_t;
 
-static void pack_outputs(int bits, const uint8_t *qs, const uint8_t *qh, const int16_t *sc,
-                         const float *dsup, const uint16_t *mins, int64_t k, int64_t sb,
-                         int64_t o0, packed_t *pk) {
+static void pack_outputs8(const int8_t *qs, const int16_t *sc, const float *dsup, int64_t k,
+                          int64_t sb, int64_t o0, packed_t *pk) {
     const int64_t nb = k / QK, ns = k / sb;
     for (int o = 0; o < TOUT; o++) {
         const int64_t out = o0 + o;
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t q[QK];
-            if (bits != 8) {
-                const uint8_t *src = qs + out * nb * 16 + (b / 2) * QK;
-                for (int i = 0; i < QK; i++) q[i] = b % 2 ? src[i] >> 4 : src[i] & 0x0F;
-            }
-            if (bits == 6) {  /* weight i of block b: field g = 2·(b % 2) + i / 16 of byte i % 16 */
-                const uint8_t *high = qh + out * nb * 8 + (b / 2) * 16;
-                for (int i = 0; i < QK; i++)
-                    q[i] |= ((high[i % 16] >> (2 * (2 * (b % 2) + i / 16))) & 3) << 4;
-            } else if (bits == 8) {
-                const int8_t *src = (const int8_t *)qs + out * k + b * QK;
-                int32_t sum = 0;
-                for (int i = 0; i < QK; i++) q[i] = (uint8_t)src[i], sum += src[i];
-                pk->wsum[b * TOUT + o] = 128 * sum;
-            }
+            const int8_t *src = qs + out * k + b * QK;
+            int32_t sum = 0;
+            for (int i = 0; i < QK; i++) sum += src[i];
+            pk->wsum[b * TOUT + o] = 128 * sum;
             for (int g = 0; g < 8; g++)
-                memcpy(pk->w + ((b * 8 + g) * TOUT + o) * 4, q + 4 * g, 4);
+                memcpy(pk->w + ((b * 8 + g) * TOUT + o) * 4, src + 4 * g, 4);
             pk->sc[b * TOUT + o] = sc[out * nb + b];
-            if (bits != 8) pk->mins[b * TOUT + o] = _cvtsh_ss(mins[out * nb + b]);
         }
         for (int64_t s = 0; s < ns; s++) pk->dsup[s * TOUT + o] = dsup[out * ns + s];
     }
 }
 
-#if QM_AVX512
-/* y[r, o0..o0 + 16] for TROWS rows from `a` (8 bits: the activations + 128). */
-static inline __attribute__((always_inline)) void tile_rows(
-    int bits, const packed_t *pk, int64_t k, int64_t sb, const int8_t *a, const float *da,
-    const float *dsa, int64_t n, float *y) {
-    const int64_t nb = k / QK, ns = k / sb, per = sb / QK;
+/* y[r, o0..o0 + 16] for TROWS rows from `a` (the activations + 128). */
+static void tile_rows8(const packed_t *pk, int64_t k, int64_t sb, const int8_t *a,
+                       const float *da, int64_t n, float *y) {
+    const int64_t ns = k / sb, per = sb / QK;
     __m512 main[TROWS];
     for (int r = 0; r < TROWS; r++) main[r] = _mm512_setzero_ps();
     for (int64_t s = 0; s < ns; s++) {
@@ -456,20 +533,14 @@ static inline __attribute__((always_inline)) void tile_rows(
             for (int r = 0; r < TROWS; r++) t[r] = _mm512_setzero_si512();
             for (int g = 0; g < 8; g++) {
                 const __m512i w = _mm512_loadu_si512((const void *)(pk->w + (b * 8 + g) * 64));
-                for (int r = 0; r < TROWS; r++) {
-                    int32_t four;
-                    memcpy(&four, a + r * k + b * QK + 4 * g, 4);
-                    const __m512i x = _mm512_set1_epi32(four);
-                    t[r] = bits != 8 ? _mm512_dpbusd_epi32(t[r], w, x)
-                                     : _mm512_dpbusd_epi32(t[r], x, w);
-                }
+                for (int r = 0; r < TROWS; r++)
+                    t[r] = _mm512_dpbusd_epi32(
+                        t[r], _mm512_set1_epi32(four_bytes(a + r * k + b * QK + 4 * g)), w);
             }
             const __m512i scale = _mm512_loadu_si512((const void *)(pk->sc + b * TOUT));
-            const __m512i bias = bits == 8 ? _mm512_loadu_si512((const void *)(pk->wsum + b * TOUT))
-                                           : _mm512_setzero_si512();
+            const __m512i bias = _mm512_loadu_si512((const void *)(pk->wsum + b * TOUT));
             for (int r = 0; r < TROWS; r++) {
-                const __m512i prod = _mm512_mullo_epi32(
-                    bits == 8 ? _mm512_sub_epi32(t[r], bias) : t[r], scale);
+                const __m512i prod = _mm512_mullo_epi32(_mm512_sub_epi32(t[r], bias), scale);
                 const __m256i low = _mm512_castsi512_si256(prod);
                 const __m256i high = _mm512_extracti64x4_epi64(prod, 1);
                 lo[r] = _mm512_add_epi64(lo[r], _mm512_cvtepi32_epi64(low));
@@ -479,198 +550,137 @@ static inline __attribute__((always_inline)) void tile_rows(
         const __m512 ds = _mm512_loadu_ps(pk->dsup + s * TOUT);
         for (int r = 0; r < TROWS; r++) {
             const __m512 isum = _mm512_insertf32x8(
-                _mm512_castps256_ps512(_mm512_cvtepi64_ps(lo[r])),
-                                                   _mm512_cvtepi64_ps(hi[r]), 1);
+                _mm512_castps256_ps512(_mm512_cvtepi64_ps(lo[r])), _mm512_cvtepi64_ps(hi[r]), 1);
             const __m512 scale = _mm512_mul_ps(ds, _mm512_set1_ps(da[r * ns + s]));
             main[r] = _mm512_fmadd_ps(isum, scale, main[r]);
         }
     }
-    for (int r = 0; r < TROWS; r++) {  /* the minimum term, as finish_rows sums it */
-        __m512 m = _mm512_setzero_ps(), tail = _mm512_setzero_ps();
-        if (bits != 8) {
-            __m512 lane[8];
-            for (int j = 0; j < 8; j++) lane[j] = _mm512_setzero_ps();
-            int64_t b = 0;
-            for (; b + 8 <= nb; b += 8)
-                for (int j = 0; j < 8; j++)
-                    lane[j] = _mm512_fmadd_ps(_mm512_loadu_ps(pk->mins + (b + j) * TOUT),
-                                              _mm512_set1_ps(dsa[r * nb + b + j]), lane[j]);
-            const __m512 even = _mm512_add_ps(_mm512_add_ps(lane[0], lane[4]),
-                                              _mm512_add_ps(lane[2], lane[6]));
-            const __m512 odd = _mm512_add_ps(_mm512_add_ps(lane[1], lane[5]),
-                                             _mm512_add_ps(lane[3], lane[7]));
-            m = _mm512_add_ps(even, odd);
-            for (; b < nb; b++)
-                tail = _mm512_add_ps(tail, _mm512_mul_ps(_mm512_loadu_ps(pk->mins + b * TOUT),
-                                                         _mm512_set1_ps(dsa[r * nb + b])));
-        }
-        _mm512_storeu_ps(y + r * n, _mm512_add_ps(_mm512_add_ps(main[r], m), tail));
-    }
-}
-#else
-/* y[r, o0..o0 + 8] for TROWS rows, 4-bit weights. */
-static inline __attribute__((always_inline)) void tile_rows(
-    int bits, const packed_t *pk, int64_t k, int64_t sb, const int8_t *a, const float *da,
-    const float *dsa, int64_t n, float *y) {
-    (void)bits;
-    const int64_t nb = k / QK, ns = k / sb, per = sb / QK;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 main[TROWS];
-    for (int r = 0; r < TROWS; r++) main[r] = _mm256_setzero_ps();
-    for (int64_t s = 0; s < ns; s++) {
-        __m256d lo[TROWS], hi[TROWS];
-        for (int r = 0; r < TROWS; r++) lo[r] = hi[r] = _mm256_setzero_pd();
-        for (int64_t b = s * per; b < (s + 1) * per; b++) {
-            __m256i t[TROWS];
-            for (int r = 0; r < TROWS; r++) t[r] = _mm256_setzero_si256();
-            for (int g = 0; g < 8; g++) {
-                const __m256i w = _mm256_loadu_si256((const __m256i *)(pk->w + (b * 8 + g) * 32));
-                for (int r = 0; r < TROWS; r++) {
-                    int32_t four;
-                    memcpy(&four, a + r * k + b * QK + 4 * g, 4);
-                    t[r] = _mm256_add_epi16(t[r], _mm256_maddubs_epi16(w, _mm256_set1_epi32(four)));
-                }
-            }
-            const __m256i scale = _mm256_loadu_si256((const __m256i *)(pk->sc + b * TOUT));
-            for (int r = 0; r < TROWS; r++) {
-                const __m256i prod = _mm256_mullo_epi32(_mm256_madd_epi16(t[r], ones), scale);
-                lo[r] = _mm256_add_pd(lo[r], _mm256_cvtepi32_pd(_mm256_castsi256_si128(prod)));
-                hi[r] = _mm256_add_pd(hi[r], _mm256_cvtepi32_pd(_mm256_extracti128_si256(prod, 1)));
-            }
-        }
-        const __m256 ds = _mm256_loadu_ps(pk->dsup + s * TOUT);
-        for (int r = 0; r < TROWS; r++) {
-            const __m256 isum = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo[r])),
-                                                     _mm256_cvtpd_ps(hi[r]), 1);
-            const __m256 scale = _mm256_mul_ps(ds, _mm256_set1_ps(da[r * ns + s]));
-            main[r] = _mm256_fmadd_ps(isum, scale, main[r]);
-        }
-    }
-    for (int r = 0; r < TROWS; r++) {  /* the minimum term, as finish_rows sums it */
-        __m256 lane[8];
-        for (int j = 0; j < 8; j++) lane[j] = _mm256_setzero_ps();
-        int64_t b = 0;
-        for (; b + 8 <= nb; b += 8)
-            for (int j = 0; j < 8; j++)
-                lane[j] = _mm256_fmadd_ps(_mm256_loadu_ps(pk->mins + (b + j) * TOUT),
-                                          _mm256_set1_ps(dsa[r * nb + b + j]), lane[j]);
-        const __m256 m = _mm256_add_ps(
-            _mm256_add_ps(_mm256_add_ps(lane[0], lane[4]), _mm256_add_ps(lane[2], lane[6])),
-            _mm256_add_ps(_mm256_add_ps(lane[1], lane[5]), _mm256_add_ps(lane[3], lane[7])));
-        __m256 tail = _mm256_setzero_ps();
-        for (; b < nb; b++)
-            tail = _mm256_add_ps(tail, _mm256_mul_ps(_mm256_loadu_ps(pk->mins + b * TOUT),
-                                                     _mm256_set1_ps(dsa[r * nb + b])));
-        _mm256_storeu_ps(y + r * n, _mm256_add_ps(_mm256_add_ps(main[r], m), tail));
-    }
+    for (int r = 0; r < TROWS; r++) _mm512_storeu_ps(y + r * n, main[r]);
 }
 #endif
 
-/* output o, rows r0..r1 through the decode loop */
-#define OUTPUT_TILES(o, r0, r1, y) \
-    output_tiles(bits, qs, qh, sc, dsup, mins, k, sb, qa, dat, stride, dsa, n, o, r0, r1, y)
+/* output o, rows r0..r1 of an 8-bit matmul through the decode loop */
+#define OUTPUT_ROWS8(o, r0, r1) \
+    output_rows8((const int8_t *)qs, sc16, dsup, k, sb, qa, dat, stride, n, o, r0, r1, y)
 
-/* y [rows, n] = x [rows, k] · Wᵀ with `bits`-bit weights (4, 6 or 8; qh: 6 bits only, else
- * NULL; mins: 4 and 6 bits). `path`: 1 walks the outputs one by one, each over all rows
- * (decode, verify); 2 walks blocks of outputs × blocks of rows (prefill: the tiles; the AVX2
- * build's 6- and 8-bit weights, blocks of outputs × blocks of rows through the decode loop);
- * 0 picks by the number of rows (PREFILL_ROWS). Every path gives the same bits per row.
- * Returns 0, −1 when out of memory, −2 on bad arguments. */
-int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, const uint8_t *qs,
-             const uint8_t *qh, const int16_t *sc, const float *dsup, const uint16_t *mins,
-             int64_t n, float *y, int path) {
-    if ((bits != 4 && bits != 6 && bits != 8) || sb % (2 * QK) || sb > 8 * QK || k % sb ||
-        path < 0 || path > 2 || rows < 0 || n < 0 || (bits == 6 && !qh) || (bits != 8 && !mins))
-        return -2;
+/* 8-bit weights, inside the parallel region of q_matmul (qa, da, dat ready). */
+static int matmul8(const uint8_t *qs, const int16_t *sc16, const float *dsup, int64_t k,
+                   int64_t sb, const int8_t *qa, const int8_t *qu, const float *da,
+                   const float *dat, int64_t stride, int64_t rows, int64_t n, float *y,
+                   int path) {
     const int64_t nb = k / QK, ns = k / sb;
+    (void)nb, (void)ns, (void)qu, (void)da;
+    int failed = 0;
+    if (path == 1) {
+#pragma omp for schedule(static)
+        for (int64_t o = 0; o < n; o++) OUTPUT_ROWS8(o, 0, rows);
+        return 0;
+    }
+#if QM_AVX512
+    packed_t pk = {aligned_alloc(64, (size_t)(nb * 8 * TOUT * 4)),
+                   aligned_alloc(64, (size_t)(nb * TOUT * 4)),
+                   aligned_alloc(64, (size_t)(nb * TOUT * 4)),
+                   aligned_alloc(64, (size_t)(ns * TOUT * 4 + 64))};
+    const int ok = pk.w && pk.sc && pk.wsum && pk.dsup;
+    failed = !ok;
+    const int64_t full_rows = rows / TROWS * TROWS, blocks = full_rows ? n / TOUT : 0;
+#pragma omp for schedule(static)
+    for (int64_t ob = 0; ob < blocks; ob++) {
+        if (!ok) continue;
+        const int64_t o0 = ob * TOUT;
+        pack_outputs8((const int8_t *)qs, sc16, dsup, k, sb, o0, &pk);
+        for (int64_t r = 0; r < full_rows; r += TROWS)
+            tile_rows8(&pk, k, sb, qu + r * k, da + r * ns, n, y + r * n + o0);
+        for (int64_t o = o0; o < o0 + TOUT; o++)  /* the rows left over */
+            OUTPUT_ROWS8(o, full_rows, rows);
+    }
+#pragma omp for schedule(static)
+    for (int64_t o = blocks * TOUT; o < n; o++)  /* the outputs left over */
+        OUTPUT_ROWS8(o, 0, rows);
+    free(pk.w), free(pk.sc), free(pk.wsum), free(pk.dsup);
+#else
     int64_t row_block = ROW_BYTES / (k > 0 ? k : 1) / ROWS * ROWS;
     row_block = row_block < ROWS ? ROWS : row_block;
+    const int64_t blocks = (n + OUT_BLOCK - 1) / OUT_BLOCK;
+#pragma omp for schedule(static)
+    for (int64_t ob = 0; ob < blocks; ob++) {
+        const int64_t o0 = ob * OUT_BLOCK, o1 = o0 + OUT_BLOCK < n ? o0 + OUT_BLOCK : n;
+        for (int64_t r0 = 0; r0 < rows; r0 += row_block) {
+            const int64_t r1 = r0 + row_block < rows ? r0 + row_block : rows;
+            for (int64_t o = o0; o < o1; o++) OUTPUT_ROWS8(o, r0, r1);
+        }
+    }
+#endif
+    return failed;
+}
+
+/* y [rows, n] = x [rows, k] · Wᵀ with `bits`-bit weights (layouts above). 4 and 6 bits: sc
+ * uint8, mins int8 and dmin given (qh: 6 bits only, else NULL); 8 bits: sc int16, mins, dmin
+ * and qh NULL. `path` (8 bits): 1 walks the outputs one by one, each over all rows (decode,
+ * verify); 2 walks blocks of outputs × blocks of rows (prefill: the tiles on AVX-512); 0 picks
+ * by the number of rows (PREFILL_ROWS); 4 and 6 bits have one loop for every path. Every path
+ * gives the same bits per row. Returns 0, −1 when out of memory, −2 on bad arguments. */
+int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, const uint8_t *qs,
+             const uint8_t *qh, const void *sc, const float *dsup, const void *mins,
+             const float *dmin, int64_t n, float *y, int path) {
+    const int lanes = bits == 4 || bits == 6;
+    if ((!lanes && bits != 8) || sb % (2 * QK) || sb > 8 * QK || sb <= 0 || k % sb ||
+        path < 0 || path > 2 || rows < 0 || n < 0 || (bits == 6) != (qh != NULL) ||
+        lanes != (mins != NULL) || lanes != (dmin != NULL))
+        return -2;
+    const int64_t nb = k / QK, ns = k / sb;
     if (path == 0) path = rows >= PREFILL_ROWS ? 2 : 1;
-    const int tiles = path == 2 && (QM_AVX512 || bits == 4);  /* AVX2: 4-bit tiles only */
     const size_t act_bytes = ((size_t)(rows * k) + 63) / 64 * 64 + 64;
+    const int tiles8 = QM_AVX512 && !lanes && path == 2;
     int8_t *qa = aligned_alloc(64, act_bytes);
-    int8_t *qu = tiles && bits == 8 ? aligned_alloc(64, act_bytes) : NULL;
+    int8_t *qu = tiles8 ? aligned_alloc(64, act_bytes) : NULL;
     float *da = malloc(sizeof(float) * (size_t)(rows * ns + 1));
-    float *dsa = malloc(sizeof(float) * (size_t)(rows * nb + 1));
-    const int64_t stride = (rows + 7) / 8 * 8 + 8;  /* rows of dat, padded: tiles read 8 lanes */
-    float *dat = calloc((size_t)(ns * stride), sizeof(float));
-    const int no_memory = !qa || !da || !dsa || !dat || (tiles && bits == 8 && !qu);
-    int failed = no_memory;  /* or a thread's tile buffers */
-#pragma omp parallel
+    int32_t *bs = malloc(sizeof(int32_t) * (size_t)(rows * nb + 1));
+    const int64_t stride = (rows + 7) / 8 * 8 + 8;  /* rows of dat, padded: 8 lanes read */
+    float *dat = lanes ? NULL : calloc((size_t)(ns * stride), sizeof(float));
+    const int no_memory = !qa || !da || !bs || (!lanes && !dat) || (tiles8 && !qu);
+    int failed = no_memory;
+#pragma omp parallel if (!no_memory)
     {
         if (!no_memory) {
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < rows; r++) {
-                quantize_row(x + r * k, k, sb, qa + r * k, da + r * ns, dsa + r * nb);
-                for (int64_t j = 0; j < ns; j++) dat[j * stride + r] = da[r * ns + j];
+                quantize_row(x + r * k, k, sb, qa + r * k, da + r * ns, bs + r * nb);
+                if (dat)
+                    for (int64_t j = 0; j < ns; j++) dat[j * stride + r] = da[r * ns + j];
                 if (qu)  /* the activations + 128, unsigned, for vpdpbusd against signed weights */
                     for (int64_t i = 0; i < k; i++) qu[r * k + i] = (int8_t)(qa[r * k + i] ^ 0x80);
             }
-        }
-        if (no_memory) {
-        } else if (path == 1) {
+            if (lanes) {
+                const int64_t tiles = (n + TILE - 1) / TILE;
 #pragma omp for schedule(static)
-            for (int64_t o = 0; o < n; o++)
-                OUTPUT_TILES(o, 0, rows, y);
-        } else if (tiles) {
-            packed_t pk = {aligned_alloc(64, (size_t)(nb * 8 * TOUT * 4)),
-                           aligned_alloc(64, (size_t)(nb * TOUT * 4)),
-                           aligned_alloc(64, (size_t)(nb * TOUT * 4)),
-                           aligned_alloc(64, (size_t)(ns * TOUT * 4)),
-                           aligned_alloc(64, (size_t)(nb * TOUT * 4))};
-            const int ok = pk.w && pk.sc && pk.wsum && pk.dsup && pk.mins;
-            if (!ok) {
+                for (int64_t t = 0; t < tiles; t++)
+                    lanes_tile(bits, qs, qh, (const uint8_t *)sc, (const int8_t *)mins, dsup,
+                               dmin, k, sb, qa, da, bs, rows, n, t, y);
+            } else if (matmul8(qs, (const int16_t *)sc, dsup, k, sb, qa, qu, da, dat, stride,
+                               rows, n, y, path)) {
 #pragma omp atomic write
                 failed = 1;
             }
-            const int64_t full_rows = rows / TROWS * TROWS, blocks = full_rows ? n / TOUT : 0;
-#pragma omp for schedule(static)
-            for (int64_t ob = 0; ob < blocks; ob++) {
-                if (!ok) continue;
-                const int64_t o0 = ob * TOUT;
-                pack_outputs(bits, qs, qh, sc, dsup, mins, k, sb, o0, &pk);
-                const int8_t *act = bits == 8 ? qu : qa;
-                for (int64_t r = 0; r < full_rows; r += TROWS) {
-                    if (bits == 4)
-                        tile_rows(4, &pk, k, sb, act + r * k, da + r * ns, dsa + r * nb, n,
-                                  y + r * n + o0);
-                    else if (bits == 6)
-                        tile_rows(6, &pk, k, sb, act + r * k, da + r * ns, dsa + r * nb, n,
-                                  y + r * n + o0);
-                    else
-                        tile_rows(8, &pk, k, sb, act + r * k, da + r * ns, dsa + r * nb, n,
-                                  y + r * n + o0);
-                }
-                for (int64_t o = o0; o < o0 + TOUT; o++)  /* the rows left over */
-                    OUTPUT_TILES(o, full_rows, rows, y);
-            }
-#pragma omp for schedule(static)
-            for (int64_t o = blocks * TOUT; o < n; o++)  /* the outputs left over */
-                OUTPUT_TILES(o, 0, rows, y);
-            free(pk.w), free(pk.sc), free(pk.wsum), free(pk.dsup), free(pk.mins);
-        } else {
-            const int64_t blocks = (n + OUT_BLOCK - 1) / OUT_BLOCK;
-#pragma omp for schedule(static)
-            for (int64_t ob = 0; ob < blocks; ob++) {
-                const int64_t o0 = ob * OUT_BLOCK, o1 = o0 + OUT_BLOCK < n ? o0 + OUT_BLOCK : n;
-                for (int64_t r0 = 0; r0 < rows; r0 += row_block) {
-                    const int64_t r1 = r0 + row_block < rows ? r0 + row_block : rows;
-                    for (int64_t o = o0; o < o1; o++)
-                        OUTPUT_TILES(o, r0, r1, y);
-                }
-            }
         }
     }
-    free(qa), free(qu), free(da), free(dsa), free(dat);
+    free(qa), free(qu), free(da), free(bs), free(dat);
     return failed ? -1 : 0;
 }
 
-int q_sc_max(int bits) { return bits == 4 ? SC_MAX4 : bits == 6 ? SC_MAX6 : SC_MAX8; }
+int q_sc_max(int bits) { return bits == 8 ? SC_MAX8 : SC_MAX_LANES; }
 
 /* 2: the AVX-512 VNNI build, 1: the AVX2 build. */
 int q_isa(void) { return QM_AVX512 ? 2 : 1; }
 
 /* ---- float weights ---- */
+
+static inline float hsum(__m256 v) {  /* a fixed horizontal sum of 8 lanes */
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
 
 static inline __m256 load_bf16(const uint16_t *p) {  /* 8 bfloat16 → float32, exact */
     return _mm256_castsi256_ps(
