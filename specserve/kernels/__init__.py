@@ -131,7 +131,8 @@ def _load_qmatmul(name: str, source: Path = SOURCE) -> ctypes.CDLL | None:
         log.warning("native %s matmul kernels unavailable (%s); using PyTorch's", name, err)
         return None
     p, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.q_matmul.argtypes = [c_int, p, i64, i64, i64, p, p, p, p, p, i64, p, c_int]
+    # bits, x, rows, k, sb, qs, qh, sc, dsup, mins, dmin, n, y, path (layout v3)
+    lib.q_matmul.argtypes = [c_int, p, i64, i64, i64, p, p, p, p, p, p, i64, p, c_int]
     lib.q_matmul.restype = c_int
     lib.q_sc_max.argtypes = [c_int]
     lib.q_sc_max.restype = c_int

@@ -1,17 +1,22 @@
 """Weight-only quantized linear layers.
 
-Both formats keep weights in blocks of 32 inputs (the granularity of GGUF's Q4_K, Q6_K and
-Q8_0 sub-blocks), each block with its own scale, and run on our own AVX2 kernel
-(`specserve/kernels/qmatmul.c`, `NativeLinear`): activations are quantized on the fly to int8
-per super-block, each block's dot product is integer (pmaddubsw), and one weight block, once
-unpacked, serves four activation rows, so the rows of a verify pass cost arithmetic, not
-memory traffic.
+All formats keep weights in blocks of 32 inputs (the granularity of GGUF's Q4_K, Q6_K and
+Q8_0 sub-blocks) grouped into super-blocks of `sb` inputs (256, 128 or 64), and run on our own
+kernel (`specserve/kernels/qmatmul.c`, `NativeLinear`): activations are quantized on the fly to
+int8 per super-block, each block's dot product is integer, and the float steps come once per
+super-block, so the rows of a verify pass cost arithmetic, not memory traffic.
 
-- `int4`: asymmetric 4-bit, w = scale·q + min, q in 0..15 (a Q4_K or Q4_1 tensor requantizes
-  almost exactly). What a GGUF file stores with more bits keeps more: Q5_x and Q6_K (in
-  llama.cpp's Q4_K_M files the output head and half the value and down projections) at 6 bits,
-  asymmetric like 4 (q in 0..63), Q8_0 and float tensors at 8 bits.
-- `int8`: symmetric 8-bit per block, w = scale·q, q in −127..127.
+- `int4`: asymmetric 4-bit, q in 0..15. What a GGUF file stores with more bits keeps more:
+  Q5_x and Q6_K (in llama.cpp's Q4_K_M files the output head and half the value and down
+  projections) at 6 bits, asymmetric like 4 (q in 0..63), Q8_0 and float tensors at 8 bits.
+  Layout v3 ("outputs in lanes", `NativeWeights`): 16 outputs side by side, each block with
+  an 8-bit scale multiplier sc (0..255) and an 8-bit offset multiplier m (−127..127) of its
+  super-block's float steps: w = dsup·sc·q + dmin·m (4.75 bits per 4-bit weight, 6.75 per
+  6-bit one). The kernel sums I_s = Σ_b sc_b·Σ q·qa and M_s = Σ_b m_b·Σ qa exactly per
+  super-block and adds both with one fma each (the arithmetic the tests' reference repeats
+  to the bit).
+- `int8`: symmetric 8-bit per block, w = dsup·sc·q, q in −127..127, sc an int16 multiplier;
+  one output per row (layout v2).
 
 The native kernels compute in float32, so the quantized model keeps its residual stream in
 float32. Where they cannot be built or run (no C compiler, no AVX2), PyTorch's packed
@@ -68,48 +73,84 @@ def super_block(in_features: int) -> int | None:
 # The version of `NativeWeights`' layout: bump it whenever its fields, or how the kernels read
 # them, change. The weight cache (`weight_cache.py`) keys its files by it, so weights repacked
 # in an older layout are rebuilt, never read.
-NATIVE_LAYOUT_VERSION = "2"  # 2: the 6-bit width (qh)
+NATIVE_LAYOUT_VERSION = "3"  # 2: the 6-bit width (qh); 3: 4 and 6 bits with outputs in lanes
+LANES = 16  # 4 and 6 bits: outputs side by side in one tile
+SC_MAX_LANES = 255  # 4 and 6 bits: the largest block scale multiplier (uint8)
+MIN_MAX = 127  # 4 and 6 bits: the largest |offset multiplier| (int8)
 
 
 @dataclass(frozen=True, slots=True)
 class NativeWeights:
-    """Weights in the native kernel's layout (see `specserve/kernels/qmatmul.c`)."""
+    """Weights in the native kernel's layout (see `specserve/kernels/qmatmul.c`).
+
+    n = out_features, k = in_features, nb = k/32 blocks, ns = k/sb super-blocks. 4 and 6
+    bits (v3): T = ceil(n/16) tiles of 16 outputs, output o = tile o // 16, lane l = o % 16;
+    the lanes past n are zero (every field). Weight o, i (block b, super-block s):
+    w = dsup[s]·sc[b]·q + dmin[s]·mins[b]. 8 bits (v2, one output per row): w = dsup[s]·sc[b]·q.
+    """
 
     bits: int  # 4 | 6 | 8
-    # 4 and 6: [out, in/64, 32] uint8, the low 4 bits of q: block 2p in the low nibbles, 2p + 1
-    # in the high ones; 8: [out, in] int8
-    qs: torch.Tensor
-    sc: torch.Tensor  # [out, in/32] int16: block scale = dsup · sc
-    dsup: torch.Tensor  # [out, in/sb] float32: scale step of each super-block
-    mins: torch.Tensor | None  # 4 and 6 bits: [out, in/32] float16 block minimum
+    out_features: int  # n (4 and 6 bits: the tiles hold ceil(n/16)·16 outputs)
     sb: int  # super-block size
-    # 6 bits: [out, in/64, 16] uint8, the top 2 bits of q: byte j of a block pair holds those of
-    # its weights j + 16g (g = 0..3; weights 0..31 block 2p, 32..63 block 2p + 1) at bits 2g, 2g + 1
+    # 4, 6: [T, nb, 4, 64] uint8: chunk c, byte 4l + j: low nibble the low 4 bits of
+    # q[16t + l, 32b + 4c + j], high nibble those of q[16t + l, 32b + 16 + 4c + j];
+    # 8: [n, k] int8
+    qs: torch.Tensor
+    sc: torch.Tensor  # 4, 6: [T, nb, 16] uint8 (0..255); 8: [n, nb] int16
+    dsup: torch.Tensor  # 4, 6: [T, ns, 16] float32; 8: [n, ns] float32: the scale step
+    mins: torch.Tensor | None = None  # 4, 6: [T, nb, 16] int8 (−127..127) offset multiplier
+    dmin: torch.Tensor | None = None  # 4, 6: [T, ns, 16] float32 offset step
+    # 6: [T, nb, 2, 64] uint8: chunk h, byte 4l + j, bits 2g, 2g + 1: q[16t + l,
+    # 32b + 4(4h + g) + j] >> 4 (the top 2 bits of q)
     qh: torch.Tensor | None = None
 
+    @property
+    def in_features(self) -> int:
+        return self.sc.shape[1] * INT4_GROUP
+
     def codes(self) -> torch.Tensor:
-        """The integer weights q [out, in] (4 and 6 bits: 0..15 or 0..63; 8: −127..127)."""
-        out_f = self.qs.shape[0]
+        """The integer weights q [n, k] int16 (4 and 6 bits: 0..15 or 0..63; 8: −127..127)."""
         if self.bits == 8:
             return self.qs.to(torch.int16)
-        q = torch.stack([self.qs & 0x0F, self.qs >> 4], dim=2)  # [out, pairs, 2, 32]
-        q = q.to(torch.int16)
+        tiles, nb = self.qs.shape[:2]
+        qs = self.qs.to(torch.int16).reshape(tiles, nb, 4, LANES, 4)  # [T, nb, c, l, j]
+        halves = [(qs & 0x0F), (qs >> 4)]  # inputs 4c + j and 16 + 4c + j of the block
+        q = torch.cat([h.permute(0, 1, 3, 2, 4).reshape(tiles, nb, LANES, 16) for h in halves],
+                      dim=-1)  # [T, nb, l, 32]
         if self.bits == 6:
-            shifts = torch.arange(0, 8, 2, dtype=torch.int16)  # [4] field g at bits 2g
-            high = (self.qh.to(torch.int16)[:, :, None, :] >> shifts[:, None]) & 3
-            # high: [out, pairs, 4, 16], field g of byte j: weight 16g + j of the pair
-            q = q | (high.reshape(q.shape) << 4)
-        return q.reshape(out_f, -1)
+            qh = self.qh.to(torch.int16).reshape(tiles, nb, 2, LANES, 1, 4)  # [T, nb, h, l, 1, j]
+            shifts = torch.arange(0, 8, 2, dtype=torch.int16)[:, None]  # [g, 1]: field g at 2g
+            top = (qh >> shifts) & 3  # [T, nb, h, l, g, j]: input 4(4h + g) + j
+            q = q | (top.permute(0, 1, 3, 2, 4, 5).reshape(q.shape) << 4)
+        return _untile(q.reshape(tiles, nb, LANES * INT4_GROUP), self.out_features)
 
     def dequantize(self) -> torch.Tensor:
-        """Float reference of the quantized weights [out, in] (for tests)."""
-        out_f = self.qs.shape[0]
-        q = self.codes().float().reshape(out_f, -1, INT4_GROUP)  # [out, blocks, 32]
-        scale = self.dsup.repeat_interleave(self.sb // INT4_GROUP, dim=1) * self.sc.float()
-        w = q * scale[..., None]
-        if self.mins is not None:
-            w = w + self.mins.float()[..., None]
-        return w.reshape(out_f, -1)
+        """Float reference of the quantized weights [n, k] (for tests)."""
+        n, per = self.out_features, self.sb // INT4_GROUP
+        if self.bits == 8:
+            eff = self.dsup.repeat_interleave(per, dim=1) * self.sc.float()  # [n, nb]
+            offset = torch.zeros_like(eff)
+        else:
+            eff = _untile(self.dsup, n).repeat_interleave(per, dim=1) * _untile(self.sc, n).float()
+            offset = _untile(self.dmin, n).repeat_interleave(per, dim=1) * _untile(self.mins, n).float()
+        q = self.codes().float().reshape(n, -1, INT4_GROUP)  # [n, nb, 32]
+        return (q * eff[..., None] + offset[..., None]).reshape(n, -1)
+
+
+def _tile(t: torch.Tensor) -> torch.Tensor:
+    """[n, x] → [T, x, 16]: output o at tile o // 16, lane o % 16, lanes past n zero."""
+    n, x = t.shape
+    tiles = -(-n // LANES)
+    padded = torch.zeros((tiles * LANES, x), dtype=t.dtype)
+    padded[:n] = t
+    return padded.reshape(tiles, LANES, x).transpose(1, 2).contiguous()
+
+
+def _untile(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of `_tile`: [T, x, 16 · m] → [n, x · m] (m values per output and x)."""
+    tiles, x = t.shape[:2]
+    per = t.shape[2] // LANES
+    return t.reshape(tiles, x, LANES, per).permute(0, 2, 1, 3).reshape(tiles * LANES, x * per)[:n]
 
 
 def native_weights_to_tensors(w: NativeWeights) -> tuple[dict[str, torch.Tensor], dict]:
@@ -130,50 +171,92 @@ def native_weights_from_tensors(tensors: dict[str, torch.Tensor], plain: dict) -
     return NativeWeights(**plain, **tensors)
 
 
+def _pack_lanes(q: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Codes q [n, k] (0..15 or 0..63) → (qs [T, nb, 4, 64], qh [T, nb, 2, 64] or None)."""
+    n, k = q.shape
+    nb = k // INT4_GROUP
+    tiled = _tile(q.to(torch.uint8)).reshape(-1, nb, INT4_GROUP, LANES)  # [T, nb, i, l]
+    tiled = tiled.transpose(2, 3)  # [T, nb, l, i]
+    tiles = tiled.shape[0]
+
+    def chunks(part: torch.Tensor) -> torch.Tensor:  # [T, nb, l, 16]: inputs 4c + j → [T, nb, 4, 64]
+        return part.reshape(tiles, nb, LANES, 4, 4).permute(0, 1, 3, 2, 4).reshape(tiles, nb, 4, 64)
+
+    qs = chunks(tiled[..., :16] & 0x0F) | (chunks(tiled[..., 16:] & 0x0F) << 4)
+    if bits != 6:
+        return qs.contiguous(), None
+    top = (tiled >> 4).reshape(tiles, nb, LANES, 2, 4, 4)  # [T, nb, l, h, g, j]: input 4(4h + g) + j
+    packed = top[:, :, :, :, 0]
+    for g in range(1, 4):
+        packed = packed | (top[:, :, :, :, g] << (2 * g))  # [T, nb, l, h, j]
+    qh = packed.permute(0, 1, 3, 2, 4).reshape(tiles, nb, 2, 64)
+    return qs.contiguous(), qh.contiguous()
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None
+
+
+def _safe(d: torch.Tensor) -> torch.Tensor:
+    """`d` with its zeros replaced by 1 (a divisor whose quotients are masked out)."""
+    return torch.where(d > 0, d, torch.ones_like(d))
+
+
 def quantize_native(w: torch.Tensor, bits: int, sc_max: int) -> NativeWeights:
-    """`w` [out, in] float → blocks of 32, 4- or 6-bit asymmetric (w ≈ scale·q + min, q in
-    0..15 or 0..63) or 8-bit symmetric (w ≈ scale·q, |q| ≤ 127), each block's scale an integer
-    multiple (≤ `sc_max`) of its super-block's step."""
+    """`w` [out, in] float → blocks of 32: 4- or 6-bit asymmetric (w ≈ dsup·sc·q + dmin·m,
+    q in 0..15 or 0..63, sc ≤ `sc_max` ≤ 255, |m| ≤ 127) or 8-bit symmetric (w ≈ dsup·sc·q,
+    |q| ≤ 127, sc ≤ `sc_max`).
+
+    4 and 6 bits, per output row: each block's offset dmin·m is its minimum rounded down to
+    the super-block's offset step (dmin = the largest |block minimum| / 127), so every weight
+    sits at or above it; each block's scale multiplier sc is its own scale (range / top code)
+    in units of dsup (= the super-block's largest scale / sc_max) rounded up (less a float
+    tolerance of 1e-3), so no code clamps at the top: each weight is within half its block's
+    applied step dsup·sc (blocks whose scale is below 1e-3·dsup get sc = 0: within
+    top·1e-3·dsup), up to float32 rounding."""
     if bits not in (4, 6, 8):
         raise ValueError(f"bits must be 4, 6 or 8, got {bits}")
+    if bits != 8 and not 1 <= sc_max <= SC_MAX_LANES:
+        raise ValueError(f"sc_max must be 1..{SC_MAX_LANES} for {bits} bits, got {sc_max}")
     out_f, in_f = w.shape
     sb = super_block(in_f)
     if sb is None:
         raise ValueError(f"the native kernel needs in_features divisible by "
                          f"{SUPER_BLOCKS[-1]}, got {in_f}")
-    g = w.float().reshape(out_f, in_f // INT4_GROUP, INT4_GROUP)  # [out, blocks, 32]
-    if bits in (4, 6):
-        mins = g.amin(-1).to(torch.float16)  # [out, blocks]
-        g = g - mins.float()[..., None]
-        top = (1 << bits) - 1
-        scale = g.amax(-1).clamp_min(0) / top
-    else:
-        mins, scale, top = None, g.abs().amax(-1) / 127, 127
     per = sb // INT4_GROUP
-    dsup = scale.reshape(out_f, -1, per).amax(-1) / sc_max  # [out, in/sb]
-    step = dsup.repeat_interleave(per, dim=1)  # [out, blocks]
-    ratio = scale / step.clamp_min(1e-30)
-    # 6 bits round the integer scale up (less a float tolerance), so that the applied scale is
-    # never below the block's and no code clamps: |error| ≤ (scale + dsup)/2 per weight, where
-    # rounding to nearest would allow 63·dsup/2 at the top of a small block beside a large
-    # one. (4 and 8 bits keep rounding to nearest: the same bits as before.)
-    rounded = torch.ceil(ratio - 1e-3) if bits == 6 else torch.round(ratio)
-    sc = torch.where(step > 0, rounded, 0).clamp_(0, sc_max)
-    eff = (step * sc)[..., None]  # [out, blocks, 1] the scale the kernel applies
-    q = torch.where(eff > 0, torch.round(g / eff.clamp_min(1e-30)), 0)
-    q = q.clamp_(0 if bits != 8 else -top, top)
-    qh = None
+    g = w.float().reshape(out_f, in_f // INT4_GROUP, INT4_GROUP)  # [out, nb, 32]
     if bits == 8:
-        qs = q.to(torch.int8).reshape(out_f, in_f)
-    else:
-        q = q.to(torch.uint8).reshape(out_f, in_f // (2 * INT4_GROUP), 2, INT4_GROUP)
-        qs = (q[:, :, 0] & 0x0F) | ((q[:, :, 1] & 0x0F) << 4)  # [out, pairs, 32]
-        if bits == 6:
-            high = (q >> 4).reshape(out_f, -1, 4, 16)  # [out, pairs, g, j]: weight 16g + j
-            qh = (high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4)
-                  | (high[:, :, 3] << 6)).contiguous()  # [out, pairs, 16]
-    return NativeWeights(bits, qs.contiguous(), sc.to(torch.int16).contiguous(),
-                         dsup.contiguous(), None if mins is None else mins.contiguous(), sb, qh)
+        return _quantize_rows_8(g, sb, sc_max)
+    top = (1 << bits) - 1
+    lo = g.amin(-1)  # [out, nb]
+    dmin = lo.abs().reshape(out_f, -1, per).amax(-1) / MIN_MAX  # [out, ns]
+    dmin_b = dmin.repeat_interleave(per, dim=1)  # [out, nb]
+    mins = torch.where(dmin_b > 0, torch.floor(lo / _safe(dmin_b)), 0).clamp_(-MIN_MAX, MIN_MAX)
+    r = g - (dmin_b * mins)[..., None]  # [out, nb, 32], ≥ 0 up to float rounding
+    scale = r.amax(-1).clamp_min(0) / top  # [out, nb]
+    dsup = scale.reshape(out_f, -1, per).amax(-1) / sc_max  # [out, ns]
+    step = dsup.repeat_interleave(per, dim=1)  # [out, nb]
+    sc = torch.where(step > 0, torch.ceil(scale / _safe(step) - 1e-3), 0).clamp_(0, sc_max)
+    eff = (step * sc)[..., None]  # [out, nb, 1] the scale the kernel applies
+    q = torch.where(eff > 0, torch.round(r / _safe(eff)), 0).clamp_(0, top)
+    qs, qh = _pack_lanes(q.reshape(out_f, in_f), bits)
+    return NativeWeights(bits, out_f, sb, qs, _tile(sc.to(torch.uint8)), _tile(dsup),
+                         _tile(mins.to(torch.int8)), _tile(dmin), qh)
+
+
+def _quantize_rows_8(g: torch.Tensor, sb: int, sc_max: int) -> NativeWeights:
+    """8 bits, row layout (v2): g [out, nb, 32] → w ≈ dsup·sc·q, the block scale rounded to
+    the nearest multiple of the super-block's step (largest block scale / `sc_max`)."""
+    out_f, nb, _ = g.shape
+    per = sb // INT4_GROUP
+    scale = g.abs().amax(-1) / 127  # [out, nb]
+    dsup = scale.reshape(out_f, -1, per).amax(-1) / sc_max  # [out, ns]
+    step = dsup.repeat_interleave(per, dim=1)  # [out, nb]
+    sc = torch.where(step > 0, torch.round(scale / step.clamp_min(1e-30)), 0).clamp_(0, sc_max)
+    eff = (step * sc)[..., None]  # [out, nb, 1]
+    q = torch.where(eff > 0, torch.round(g / eff.clamp_min(1e-30)), 0).clamp_(-127, 127)
+    return NativeWeights(8, out_f, sb, q.to(torch.int8).reshape(out_f, -1).contiguous(),
+                         sc.to(torch.int16).contiguous(), dsup.contiguous())
 
 
 class NativeLinear:
@@ -200,7 +283,7 @@ class NativeLinear:
         layer._lib = kernels.qmatmul(isa)
         if layer._lib is None:
             raise RuntimeError("the native quantized kernels are not available on this machine")
-        layer.out_features, layer.in_features = w.qs.shape[0], w.sc.shape[1] * INT4_GROUP
+        layer.out_features, layer.in_features = w.out_features, w.in_features
         layer.w = w
         layer.bias = bias.float() if bias is not None else None
         return layer
@@ -211,11 +294,9 @@ class NativeLinear:
         flat = x.reshape(-1, self.in_features).to(torch.float32).contiguous()  # [rows, in]
         y = torch.empty((flat.shape[0], self.out_features), dtype=torch.float32)
         w = self.w
-        mins = w.mins.data_ptr() if w.mins is not None else None
-        qh = w.qh.data_ptr() if w.qh is not None else None
         rc = self._lib.q_matmul(w.bits, flat.data_ptr(), flat.shape[0], self.in_features, w.sb,
-                                w.qs.data_ptr(), qh, w.sc.data_ptr(), w.dsup.data_ptr(), mins,
-                                self.out_features, y.data_ptr(), path)
+                                w.qs.data_ptr(), _ptr(w.qh), w.sc.data_ptr(), w.dsup.data_ptr(),
+                                _ptr(w.mins), _ptr(w.dmin), self.out_features, y.data_ptr(), path)
         if rc != 0:
             raise RuntimeError(f"q_matmul failed ({'out of memory' if rc == -1 else 'bad arguments'})")
         if self.bias is not None:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from specserve import kernels
 from specserve.models.quant import NativeLinear, NativeWeights
 from specserve.models.transformer import Linear
+from tests import native_reference as ref
 
 ISAS = kernels.available_isas()  # this CPU's, widest first; CI has at least avx2
 
@@ -58,9 +59,10 @@ def test_quantized_rows_are_identical_alone_in_any_batch_and_on_every_path(isa, 
     x = activations(900, 512, seed=10 + bits)  # 900 rows: the prefill tiles by default
     x[11] = 0.0  # an all-zero row
     whole = assert_row_invariant(lin, x, singles=40)
-    for path in (1, 2):  # the decode loop and the prefill tiles, forced
+    for path in (0, 1, 2):  # the kernel's choice, the decode loop and the prefill tiles
         assert torch.equal(lin(x, path), whole), path
-        assert torch.equal(lin(x[:5], path), whole[:5]), path
+        for rows in range(1, 14):
+            assert torch.equal(lin(x[:rows], path), whole[:rows]), (path, rows)
 
 
 @pytest.mark.parametrize("bits", [4, 6, 8])
@@ -159,44 +161,62 @@ def test_the_instruction_set_can_be_forced_and_a_bad_choice_is_refused(monkeypat
 
 def test_bad_arguments_are_refused_by_the_kernels():
     lib = kernels.qmatmul()
-    assert lib.q_matmul(4, None, 1, 64, 64, None, None, None, None, None, 1, None, 3) == -2
+    assert lib.q_matmul(4, None, 1, 64, 64, None, None, None, None, None, None, 1, None, 3) == -2
     assert lib.f_matmul(None, -1, 8, None, 0, None, 1, None) == -2
     assert lib.f_matmul(None, 1, 8, None, 2, None, 1, None) == -2
 
 
-def extreme_weights(bits: int, out_f: int, k: int, sign: int) -> NativeWeights:
-    """Every code at its largest magnitude (4: 15, 6: 63, 8: ±127 as `sign`) and every block
-    scale at the kernel's SC_MAX, one super-block of 256 (8 blocks, 4 pairs: the most terms
-    an int32 lane takes): the integer sums at the bounds of qmatmul.c's "Range" comment."""
+def extreme_weights(bits: int, out_f: int, k: int, sign: int, min_sign: int) -> NativeWeights:
+    """Every code at its largest magnitude (4: 15, 6: 63, 8: ±127 as `sign`), every block
+    scale multiplier at the kernel's limit (4, 6: 255; 8: 4095) and every offset multiplier
+    at ±127 (`min_sign`), steps 1, super-blocks of 256 (8 blocks: the most terms one sum
+    takes): the integer sums at the bounds of the layout's "Range" (V3: 32·63·127·255·8 for
+    I_s, 127·32·127·8 for M_s), which any int16/int32 overflow on the way would wreck. 4 and
+    6 bits: `out_f` not a multiple of 16, the padding lanes zero as the layout requires."""
     sc_max = kernels.qmatmul().q_sc_max(bits)
-    pairs, blocks = k // 64, k // 32
+    blocks, supers = k // 32, k // 256
     if bits == 8:
-        qs = torch.full((out_f, k), 127 * sign, dtype=torch.int8)
-    else:
-        qs = torch.full((out_f, pairs, 32), 0xFF, dtype=torch.uint8)
-    qh = torch.full((out_f, pairs, 16), 0xFF, dtype=torch.uint8) if bits == 6 else None
-    mins = torch.zeros(out_f, blocks, dtype=torch.float16) if bits != 8 else None
-    return NativeWeights(bits, qs, torch.full((out_f, blocks), sc_max, dtype=torch.int16),
-                         torch.ones(out_f, k // 256), mins, 256, qh)
+        return NativeWeights(8, out_f, 256, torch.full((out_f, k), 127 * sign, dtype=torch.int8),
+                             torch.full((out_f, blocks), sc_max, dtype=torch.int16),
+                             torch.ones(out_f, supers))
+    tiles = -(-out_f // 16)
+    real = (torch.arange(tiles * 16) < out_f).reshape(tiles, 1, 16)  # [T, 1, lanes]
+
+    def lanes(shape: tuple, value: int, dtype: torch.dtype) -> torch.Tensor:
+        """[T, *shape, 64] (4 bytes per lane) or [T, x, 16]: `value` in the real lanes."""
+        full = torch.full((tiles, *shape), value, dtype=dtype)
+        mask = real if shape[-1] == 16 else real.repeat_interleave(4, -1).reshape(
+            tiles, *([1] * (len(shape) - 1)), 64)
+        return torch.where(mask, full, torch.zeros((), dtype=dtype))
+
+    qh = lanes((blocks, 2, 64), 0xFF, torch.uint8) if bits == 6 else None
+    return NativeWeights(bits, out_f, 256, lanes((blocks, 4, 64), 0xFF, torch.uint8),
+                         lanes((blocks, 16), sc_max, torch.uint8),
+                         lanes((supers, 16), 1, torch.float32),
+                         lanes((blocks, 16), 127 * min_sign, torch.int8),
+                         lanes((supers, 16), 1, torch.float32), qh)
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("bits", [4, 6, 8])
-def test_the_largest_codes_and_scales_do_not_overflow_on_any_path(isa, bits):
-    """Activations of one magnitude quantize to ±127: each super-block's integer sum is then
-    ±8·SC_MAX·32·qmax·127, which any int16/int32 overflow on the way would wreck."""
+@pytest.mark.parametrize("bits, min_sign", [(4, 1), (4, -1), (6, 1), (6, -1), (8, 0)])
+def test_the_largest_codes_and_scales_do_not_overflow_on_any_path(isa, bits, min_sign):
+    """Activations of one magnitude quantize to ±127: each super-block's integer sums are
+    then ±8·32·127·(sc_max·qmax) and ±8·32·127·127: the kernel gives the reference's bits
+    (exact int64 sums) and the exact product within float32 rounding."""
     k, out_f = 512, 20
     sign = -1 if bits == 8 else 1
-    lin = NativeLinear.from_weights(extreme_weights(bits, out_f, k, sign), None, isa)
+    nw = extreme_weights(bits, out_f, k, sign, min_sign)
+    lin = NativeLinear.from_weights(nw, None, isa)
     qmax = {4: 15, 6: 63, 8: 127}[bits]
+    per_weight = sign * qmax * lin._lib.q_sc_max(bits) + 127 * min_sign  # sc·q + m (steps 1)
     x = torch.ones(40, k)
-    x[1::2] *= -1  # rows alternating +1, −1: pmaddubsw at +16002 and −16002 (6 bits)
+    x[1::2] *= -1  # rows alternating +1, −1
     x[3, 256:] *= -1  # a row whose two super-blocks cancel
     exact = (x.double().sign() * 127).reshape(40, 2, 256).sum(-1) / 127  # [rows, 2]: Σ qa·da
-    magnitude = 2 * 256 * qmax * lin._lib.q_sc_max(bits)  # both super-blocks' |sum|
-    exact = exact.sum(-1) * sign * qmax * lin._lib.q_sc_max(bits)  # [rows]
-    for path in (1, 2):  # the decode loop and the prefill tiles
-        for rows in (1, 7, 40):
-            got = lin(x[:rows], path).double()  # [rows, out]
-            # float32 scaling of exact integers: within a few float32 roundings
-            assert ((got - exact[:rows, None]).abs() <= 1e-6 * magnitude).all(), (path, rows)
+    magnitude = 2 * 256 * abs(per_weight)  # both super-blocks' |sum|
+    exact = exact.sum(-1) * per_weight  # [rows]
+    want = ref.matmul(x, nw)  # [rows, out]
+    assert ((want.double() - exact[:, None]).abs() <= 1e-6 * magnitude).all()
+    for path in (0, 1, 2):  # the kernel's choice, the decode loop and the prefill tiles
+        for rows in (1, 7, 13, 40):
+            assert torch.equal(lin(x[:rows], path), want[:rows]), (path, rows)

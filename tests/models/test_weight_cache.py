@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import json
 import os
 
 import pytest
@@ -158,16 +160,25 @@ def test_each_format_gets_its_own_entry(tmp_path, cache):
 
 
 def test_native_weights_round_trip_through_their_tensors():
+    """Every field, the v3 ones included (dmin, and out_features: 40 outputs fill 3 tiles of
+    16, so the arrays alone would say 48), through JSON as the cache's meta does."""
     g = torch.Generator().manual_seed(0)
-    w, b = torch.randn(48, 256, generator=g), torch.randn(48, generator=g)
+    w, b = torch.randn(40, 256, generator=g), torch.randn(40, generator=g)
     x = torch.randn(3, 256, generator=g)
     for bits in (4, 6, 8):
         lin = NativeLinear(w, b, bits)
         tensors, plain = quant.native_weights_to_tensors(lin.w)
         assert ("qh" in tensors) == (bits == 6)
+        assert ("dmin" in tensors) == ("mins" in tensors) == (bits != 8)
+        assert plain["out_features"] == 40
+        plain = json.loads(json.dumps(plain))
         copy = NativeLinear.from_weights(quant.native_weights_from_tensors(
             {k: v.clone() for k, v in tensors.items()}, plain), lin.bias.clone())
-        assert torch.equal(copy(x), lin(x))
+        assert (copy.out_features, copy.in_features) == (40, 256)
+        for f in dataclasses.fields(lin.w):
+            mine, theirs = getattr(lin.w, f.name), getattr(copy.w, f.name)
+            assert torch.equal(mine, theirs) if torch.is_tensor(mine) else mine == theirs, f.name
+        assert torch.equal(copy(x), lin(x)) and copy(x).shape == (3, 40)
 
 
 @pytest.mark.parametrize("types", [MIX, {"default": T.Q4_0}], ids=["Q4_K_M-like", "Q4_0"])
