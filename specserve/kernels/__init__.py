@@ -32,6 +32,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import torch
+
 from specserve.models.registry import cache_dir
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,9 @@ ISAS = {
 }
 ISA_ALIASES = {"avx512": "avx512_vnni"}
 ISA_CODES = {"avx2": 1, "avx512_vnni": 2}  # what the library's q_isa() returns
+# The KV pools' element kinds `ragged_attention` and `rope_store_attend` take (attention.c's
+# KV_F32, KV_F16, KV_BF16)
+KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
 @functools.cache
@@ -172,11 +177,12 @@ def _load_attention(name: str) -> ctypes.CDLL | None:
         log.warning("native %s attention kernel unavailable (%s); using PyTorch's", name, err)
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.ragged_attention.argtypes = [p, i64, i64, i64, i64, p, p, i64, i64, p, i64, i64, p, p,
-                                     ctypes.c_float, p]
+    # the pools' element kind (`KV_KINDS`) follows the two pool pointers
+    lib.ragged_attention.argtypes = [p, i64, i64, i64, i64, p, p, i64, i64, i64, p, i64, i64, p,
+                                     p, ctypes.c_float, p]
     lib.ragged_attention.restype = ctypes.c_int
-    lib.rope_store_attend.argtypes = [p, i64, i64, i64, i64, p, p, p, p, i64, i64, p, i64, i64,
-                                      p, p, ctypes.c_float, p]
+    lib.rope_store_attend.argtypes = [p, i64, i64, i64, i64, p, p, p, p, i64, i64, i64, p, i64,
+                                      i64, p, p, ctypes.c_float, p]
     lib.rope_store_attend.restype = ctypes.c_int
     lib.rms_norm.argtypes = [p, i64, i64, p, ctypes.c_float, p]
     lib.rms_norm.restype = ctypes.c_int

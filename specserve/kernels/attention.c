@@ -2,8 +2,8 @@
  *
  * Every query row belongs to one sequence and sits at one position of it; it attends to that
  * sequence's positions 0..pos (its own key/value already written). Keys and values live in
- * pools of blocks, [num_blocks, kv_heads, block_size, hd] floats; position p of sequence s is
- * at offset p % block_size of block block_tables[s, p / block_size].
+ * pools of blocks, [num_blocks, kv_heads, block_size, hd] elements (kinds below); position p
+ * of sequence s is at offset p % block_size of block block_tables[s, p / block_size].
  *
  * One work item is up to ROWS consecutive rows of one sequence × one KV head: the G query
  * heads of each row that share the KV head, so each key and value is loaded once for all of
@@ -23,6 +23,13 @@
  *            at a time for up to 6 query heads at once, then × 1/sum.
  * Positions after a row's own are never read into its result (their memory may hold stale or
  * unwritten values).
+ *
+ * The pools hold float32, float16 or bfloat16 elements (`kv_kind`: KV_F32, KV_F16, KV_BF16).
+ * Narrow elements are widened to float32 as they are loaded (exactly: every float16 and
+ * bfloat16 value is a float32 value), and all arithmetic stays float32, so attention over a
+ * narrow pool gives the same bits as over a float32 pool holding the widened values. Stores
+ * into a narrow pool round to nearest even, as PyTorch's `.to(torch.float16)` and
+ * `.to(torch.bfloat16)` do. A float16 pool halves the bytes a decode step reads.
  */
 
 #include <immintrin.h>
@@ -36,6 +43,51 @@
 #define ROWS 8     /* rows of one sequence per work item, sharing each key and value load */
 #define PTILE 64   /* positions per value tile (kept in L1 for all rows of an item) */
 #define AHEAD 16   /* positions whose keys are prefetched ahead of the score tile */
+
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };  /* element kinds of the KV pools */
+
+static inline int64_t kv_size(int kind) { return kind == KV_F32 ? 4 : 2; }
+
+/* 8 elements of a pool from element index i, widened to float32; kind is a constant in each
+ * inlined copy, so a float32 pool's load is the plain load it always was. */
+static inline __attribute__((always_inline)) __m256 kv_load(const void *pool, int64_t i,
+                                                            int kind) {
+    if (kind == KV_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)pool + i)));
+    if (kind == KV_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
+            _mm_loadu_si128((const __m128i *)((const uint16_t *)pool + i))), 16));
+    return _mm256_loadu_ps((const float *)pool + i);
+}
+
+static inline void kv_prefetch(const void *pool, int64_t i, int kind, int hint) {
+    const char *at = (const char *)pool + i * kv_size(kind);
+    if (hint == _MM_HINT_T0) _mm_prefetch(at, _MM_HINT_T0);
+    else _mm_prefetch(at, _MM_HINT_T1);
+}
+
+/* float32 → bfloat16, nearest even; NaN → the quiet NaN 0x7FC0 (as PyTorch rounds). */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* pool[at : at + hd] = x [hd] (hd a multiple of 8), rounded to the pool's kind. */
+static inline void kv_store(void *pool, int64_t at, const float *x, int64_t hd, int kind) {
+    if (kind == KV_F32) {
+        memcpy((float *)pool + at, x, (size_t)hd * sizeof(float));
+    } else if (kind == KV_F16) {
+        uint16_t *dst = (uint16_t *)pool + at;
+        for (int64_t j = 0; j < hd; j += 8)
+            _mm_storeu_si128((__m128i *)(dst + j), _mm256_cvtps_ph(
+                _mm256_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+        uint16_t *dst = (uint16_t *)pool + at;
+        for (int64_t j = 0; j < hd; j++) dst[j] = to_bf16(x[j]);
+    }
+}
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -86,16 +138,16 @@ static inline __m256 exp_nonpos(__m256 x) {
 
 /* s [m, G, np] = qs [m, G, hd] · keysᵀ (qs already scaled), −inf past each row's n[i]; vmax
  * [m, G] ← lane-wise maxima. Each tile of 8 keys is loaded once for all m·G query vectors. */
-static void scores(int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int64_t np,
-                   const float *qs, const float *kp, const int64_t *off, float *s,
-                   __m256 *vmax) {
+static inline __attribute__((always_inline)) void scores(
+    int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int64_t np, const float *qs,
+    const void *kp, int kind, const int64_t *off, float *s, __m256 *vmax) {
+    const int64_t line = 64 / kv_size(kind);  /* elements per cache line */
     for (int j = 0; j < m * G; j++) vmax[j] = _mm256_set1_ps(-INFINITY);
     for (int64_t p0 = 0; p0 < nmax; p0 += TILE) {
-        const float *k[TILE];
-        for (int t = 0; t < TILE; t++) k[t] = kp + off[p0 + t < nmax ? p0 + t : nmax - 1];
+        int64_t k[TILE];  /* element index of each key of the tile */
+        for (int t = 0; t < TILE; t++) k[t] = off[p0 + t < nmax ? p0 + t : nmax - 1];
         for (int64_t p = p0 + AHEAD; p < p0 + AHEAD + TILE && p < nmax; p++)
-            for (int64_t j = 0; j < hd; j += 16) _mm_prefetch((const char *)(kp + off[p] + j),
-                                                              _MM_HINT_T0);
+            for (int64_t j = 0; j < hd; j += line) kv_prefetch(kp, off[p] + j, kind, _MM_HINT_T0);
         for (int i = 0; i < m; i++) {
             if (p0 >= n[i]) continue;
             const int valid = n[i] - p0 < TILE ? (int)(n[i] - p0) : TILE;
@@ -109,7 +161,7 @@ static void scores(int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int
                 for (int64_t j = 0; j < hd; j += 8) {
                     const __m256 qv = _mm256_loadu_ps(qg + j);
                     for (int t = 0; t < TILE; t++)
-                        acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[t] + j), acc[t]);
+                        acc[t] = _mm256_fmadd_ps(qv, kv_load(kp, k[t] + j, kind), acc[t]);
                 }
                 const __m256 sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), hsum8x8(acc), live);
                 _mm256_storeu_ps(s + idx * np + p0, sc);
@@ -140,16 +192,15 @@ static void softmax(int m, int G, const int64_t *n, int64_t np, float *s, const 
  * starting from zero at p0 = 0 and from the partial sums already in `o` after; gb and nv are
  * constants in each inlined copy, so the gb·nv accumulators stay in registers. */
 static inline __attribute__((always_inline)) void values_block(
-    int gb, int nv, const float *w, int64_t np, const float *vp, const int64_t *off,
+    int gb, int nv, const float *w, int64_t np, const void *vp, int kind, const int64_t *off,
     int64_t p0, int64_t p1, int64_t c, float *o, int64_t hd) {
     __m256 acc[GROUP][2];
     for (int g = 0; g < gb; g++)
         for (int i = 0; i < nv; i++)
             acc[g][i] = p0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(o + g * hd + c + 8 * i);
     for (int64_t p = p0; p < p1; p++) {
-        const float *v = vp + off[p] + c;
         __m256 vv[2];
-        for (int i = 0; i < nv; i++) vv[i] = _mm256_loadu_ps(v + 8 * i);
+        for (int i = 0; i < nv; i++) vv[i] = kv_load(vp, off[p] + c + 8 * i, kind);
         for (int g = 0; g < gb; g++) {
             const __m256 wg = _mm256_broadcast_ss(w + g * np + p);
             for (int i = 0; i < nv; i++) acc[g][i] = _mm256_fmadd_ps(wg, vv[i], acc[g][i]);
@@ -160,24 +211,24 @@ static inline __attribute__((always_inline)) void values_block(
 }
 
 static inline __attribute__((always_inline)) void values_nv(
-    int gb, int nv, const float *w, int64_t np, const float *vp, const int64_t *off,
+    int gb, int nv, const float *w, int64_t np, const void *vp, int kind, const int64_t *off,
     int64_t p0, int64_t p1, int64_t c, float *o, int64_t hd) {
-    if (nv == 2) values_block(gb, 2, w, np, vp, off, p0, p1, c, o, hd);
-    else values_block(gb, 1, w, np, vp, off, p0, p1, c, o, hd);
+    if (nv == 2) values_block(gb, 2, w, np, vp, kind, off, p0, p1, c, o, hd);
+    else values_block(gb, 1, w, np, vp, kind, off, p0, p1, c, o, hd);
 }
 
 /* out[i] [G, hd] = inv · Σ_p w·v_p for each row i: positions in tiles of PTILE (the next
  * tile prefetched) that stay in L1 for all m rows, columns of hd 16 at a time, up to GROUP
  * heads per pass. For every output element the sum runs over p in order, so the tiling never
  * changes a bit. */
-static void values(int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int64_t np,
-                   const float *w, const float *inv, const float *vp, const int64_t *off,
-                   float *const *out) {
+static inline __attribute__((always_inline)) void values(
+    int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int64_t np, const float *w,
+    const float *inv, const void *vp, int kind, const int64_t *off, float *const *out) {
     const int passes = (G + GROUP - 1) / GROUP, per = (G + passes - 1) / passes;
+    const int64_t line = 64 / kv_size(kind);  /* elements per cache line */
     for (int64_t p0 = 0; p0 < nmax; p0 += PTILE) {
         for (int64_t p = p0 + PTILE; p < p0 + 2 * PTILE && p < nmax; p++)
-            for (int64_t j = 0; j < hd; j += 16) _mm_prefetch((const char *)(vp + off[p] + j),
-                                                              _MM_HINT_T1);
+            for (int64_t j = 0; j < hd; j += line) kv_prefetch(vp, off[p] + j, kind, _MM_HINT_T1);
         for (int64_t c = 0; c < hd; c += 16) {
             const int nv = hd - c >= 16 ? 2 : 1;
             for (int i = 0; i < m; i++) {
@@ -188,12 +239,12 @@ static void values(int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int
                     const float *wg = w + ((int64_t)i * G + g0) * np;
                     float *o = out[i] + g0 * hd;
                     switch (gb) {  /* constant head counts: accumulators in registers */
-                    case 1: values_nv(1, nv, wg, np, vp, off, p0, p1, c, o, hd); break;
-                    case 2: values_nv(2, nv, wg, np, vp, off, p0, p1, c, o, hd); break;
-                    case 3: values_nv(3, nv, wg, np, vp, off, p0, p1, c, o, hd); break;
-                    case 4: values_nv(4, nv, wg, np, vp, off, p0, p1, c, o, hd); break;
-                    case 5: values_nv(5, nv, wg, np, vp, off, p0, p1, c, o, hd); break;
-                    default: values_nv(6, nv, wg, np, vp, off, p0, p1, c, o, hd); break;
+                    case 1: values_nv(1, nv, wg, np, vp, kind, off, p0, p1, c, o, hd); break;
+                    case 2: values_nv(2, nv, wg, np, vp, kind, off, p0, p1, c, o, hd); break;
+                    case 3: values_nv(3, nv, wg, np, vp, kind, off, p0, p1, c, o, hd); break;
+                    case 4: values_nv(4, nv, wg, np, vp, kind, off, p0, p1, c, o, hd); break;
+                    case 5: values_nv(5, nv, wg, np, vp, kind, off, p0, p1, c, o, hd); break;
+                    default: values_nv(6, nv, wg, np, vp, kind, off, p0, p1, c, o, hd); break;
                     }
                 }
             }
@@ -208,21 +259,22 @@ static void values(int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int
 }
 
 /* out [rows, heads, hd] = causal attention of q [rows, heads, hd] on each row's sequence in
- * k_pool/v_pool [num_blocks, kv_heads, block_size, hd] through block_tables [num_seqs,
- * max_blocks] (int32), row_seq [rows] and row_pos [rows] (int32). hd a multiple of 8. Returns
- * 0, −1 when out of memory, −2 on bad sizes, −3 on a sequence, position or block id out of
- * range (checked before anything is computed).
+ * k_pool/v_pool [num_blocks, kv_heads, block_size, hd] (elements of kind kv_kind) through
+ * block_tables [num_seqs, max_blocks] (int32), row_seq [rows] and row_pos [rows] (int32). hd a
+ * multiple of 8. Returns 0, −1 when out of memory, −2 on bad sizes or kind, −3 on a sequence,
+ * position or block id out of range (checked before anything is computed).
  *
  * Work items: up to ROWS consecutive rows of one sequence (they share its keys and values)
  * × one KV head, the longest first. How rows fall into items changes only which loads are
  * shared, never a row's arithmetic. */
 int ragged_attention(const float *q, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
-                     const float *k_pool, const float *v_pool, int64_t num_blocks,
+                     const void *k_pool, const void *v_pool, int64_t kv_kind, int64_t num_blocks,
                      int64_t block_size, const int32_t *block_tables, int64_t num_seqs,
                      int64_t max_blocks, const int32_t *row_seq, const int32_t *row_pos,
                      float scale, float *out) {
     if (rows < 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads || hd <= 0 || hd % 8 ||
-        block_size <= 0 || num_blocks < 0 || num_seqs < 0 || max_blocks < 0)
+        block_size <= 0 || num_blocks < 0 || num_seqs < 0 || max_blocks < 0 ||
+        kv_kind < KV_F32 || kv_kind > KV_BF16)
         return -2;
     int64_t max_n = 0;
     for (int64_t r = 0; r < rows; r++) {
@@ -279,9 +331,20 @@ int ragged_attention(const float *q, int64_t rows, int64_t heads, int64_t kv_hea
                 const int64_t base = ((int64_t)table[b] * kv_heads + h) * block_size * hd;
                 for (int64_t o = 0; o < block_size && p < nmax; o++, p++) off[p] = base + o * hd;
             }
-            scores(m, G, hd, n, nmax, np, qs, k_pool, off, s, vmax);
-            softmax(m, G, n, np, s, vmax, inv);
-            values(m, G, hd, n, nmax, np, s, inv, v_pool, off, o);
+            /* one inlined copy per element kind: a constant kind in each */
+            if (kv_kind == KV_F32) {
+                scores(m, G, hd, n, nmax, np, qs, k_pool, KV_F32, off, s, vmax);
+                softmax(m, G, n, np, s, vmax, inv);
+                values(m, G, hd, n, nmax, np, s, inv, v_pool, KV_F32, off, o);
+            } else if (kv_kind == KV_F16) {
+                scores(m, G, hd, n, nmax, np, qs, k_pool, KV_F16, off, s, vmax);
+                softmax(m, G, n, np, s, vmax, inv);
+                values(m, G, hd, n, nmax, np, s, inv, v_pool, KV_F16, off, o);
+            } else {
+                scores(m, G, hd, n, nmax, np, qs, k_pool, KV_BF16, off, s, vmax);
+                softmax(m, G, n, np, s, vmax, inv);
+                values(m, G, hd, n, nmax, np, s, inv, v_pool, KV_BF16, off, o);
+            }
         }
         free(off), free(qs), free(s), free(vmax), free(inv);
     }
@@ -333,16 +396,18 @@ static inline void rope_head(const float *x, const float *cos, const float *sin,
 
 /* One attention block of a pass: qkv [rows, (heads + 2·kv_heads)·hd] (per row: q heads, then
  * k heads, then v heads) → rotary embedding of q and k with cos/sin [rows, hd], k and v stored
- * at each row's position in k_pool/v_pool (as `ragged_attention` addresses them), then
- * `ragged_attention` of the rotated queries into out [rows, heads, hd]. Returns what
- * ragged_attention returns; on −2/−3 (checked first) nothing is written. */
+ * at each row's position in k_pool/v_pool (as `ragged_attention` addresses them; rounded to
+ * nearest even into a float16 or bfloat16 pool), then `ragged_attention` of the rotated
+ * queries into out [rows, heads, hd]. Returns what ragged_attention returns; on −2/−3
+ * (checked first) nothing is written. */
 int rope_store_attend(const float *qkv, int64_t rows, int64_t heads, int64_t kv_heads,
-                      int64_t hd, const float *cos, const float *sin, float *k_pool,
-                      float *v_pool, int64_t num_blocks, int64_t block_size,
+                      int64_t hd, const float *cos, const float *sin, void *k_pool,
+                      void *v_pool, int64_t kv_kind, int64_t num_blocks, int64_t block_size,
                       const int32_t *block_tables, int64_t num_seqs, int64_t max_blocks,
                       const int32_t *row_seq, const int32_t *row_pos, float scale, float *out) {
     if (rows < 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads || hd <= 0 || hd % 8 ||
-        block_size <= 0 || num_blocks < 0 || num_seqs < 0 || max_blocks < 0)
+        block_size <= 0 || num_blocks < 0 || num_seqs < 0 || max_blocks < 0 ||
+        kv_kind < KV_F32 || kv_kind > KV_BF16)
         return -2;
     for (int64_t r = 0; r < rows; r++) {
         const int64_t s = row_seq[r], pos = row_pos[r];
@@ -351,8 +416,11 @@ int rope_store_attend(const float *qkv, int64_t rows, int64_t heads, int64_t kv_
         if (id < 0 || id >= num_blocks) return -3;
     }
     const int64_t width = (heads + 2 * kv_heads) * hd;
-    float *q = aligned_alloc(64, ((size_t)(rows * heads * hd) * sizeof(float) + 63) / 64 * 64 + 64);
+    /* the rotated queries, then (past rows·heads·hd) one rotated key per row for narrow pools */
+    float *q = aligned_alloc(64, ((size_t)((rows * heads + rows) * hd) * sizeof(float) + 63) / 64
+                                     * 64 + 64);
     if (!q) return -1;
+    float *krot = q + rows * heads * hd;
 #pragma omp parallel for schedule(static) if (rows >= 16)
     for (int64_t r = 0; r < rows; r++) {
         const float *src = qkv + r * width, *c = cos + r * hd, *sn = sin + r * hd;
@@ -361,13 +429,20 @@ int rope_store_attend(const float *qkv, int64_t rows, int64_t heads, int64_t kv_
         const int64_t id = block_tables[(int64_t)row_seq[r] * max_blocks + pos / block_size];
         for (int64_t h = 0; h < kv_heads; h++) {
             const int64_t at = ((id * kv_heads + h) * block_size + pos % block_size) * hd;
-            rope_head(src + (heads + h) * hd, c, sn, hd, k_pool + at);
-            memcpy(v_pool + at, src + (heads + kv_heads + h) * hd, (size_t)hd * sizeof(float));
+            const float *v = src + (heads + kv_heads + h) * hd;
+            if (kv_kind == KV_F32) {  /* rotate straight into the pool */
+                rope_head(src + (heads + h) * hd, c, sn, hd, (float *)k_pool + at);
+                memcpy((float *)v_pool + at, v, (size_t)hd * sizeof(float));
+            } else {
+                rope_head(src + (heads + h) * hd, c, sn, hd, krot + r * hd);
+                kv_store(k_pool, at, krot + r * hd, hd, (int)kv_kind);
+                kv_store(v_pool, at, v, hd, (int)kv_kind);
+            }
         }
     }
-    const int rc = ragged_attention(q, rows, heads, kv_heads, hd, k_pool, v_pool, num_blocks,
-                                    block_size, block_tables, num_seqs, max_blocks, row_seq,
-                                    row_pos, scale, out);
+    const int rc = ragged_attention(q, rows, heads, kv_heads, hd, k_pool, v_pool, kv_kind,
+                                    num_blocks, block_size, block_tables, num_seqs, max_blocks,
+                                    row_seq, row_pos, scale, out);
     free(q);
     return rc;
 }

@@ -24,10 +24,12 @@ def _check(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
            block_tables: torch.Tensor, row_seq: torch.Tensor, row_pos: torch.Tensor) -> None:
     if q.dim() != 3 or q.dtype != torch.float32:
         raise ValueError(f"q: expected float32 [rows, heads, hd], got {q.dtype} {list(q.shape)}")
-    if k_pool.dim() != 4 or k_pool.dtype != torch.float32 or v_pool.shape != k_pool.shape \
-            or v_pool.dtype != torch.float32:
-        raise ValueError("k_pool, v_pool: expected float32 [num_blocks, kv_heads, block_size, hd]"
-                         f" of one shape, got {list(k_pool.shape)} and {list(v_pool.shape)}")
+    if k_pool.dim() != 4 or k_pool.dtype not in kernels.KV_KINDS \
+            or v_pool.shape != k_pool.shape or v_pool.dtype != k_pool.dtype:
+        raise ValueError("k_pool, v_pool: expected float32, float16 or bfloat16 [num_blocks, "
+                         "kv_heads, block_size, hd] of one shape and dtype, got "
+                         f"{k_pool.dtype} {list(k_pool.shape)} and {v_pool.dtype} "
+                         f"{list(v_pool.shape)}")
     rows, heads, hd = q.shape
     kv_heads = k_pool.shape[1]
     if k_pool.shape[3] != hd or heads % kv_heads:
@@ -81,8 +83,9 @@ def ragged_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: to
         rows_of = (row_seq == s).nonzero().flatten()  # [T]
         end = int(row_pos[rows_of].max()) + 1
         ids = block_tables[s, :(end - 1) // block_size + 1].long()
-        keys = k_pool[ids].transpose(0, 1).reshape(1, kv_heads, -1, hd)  # [1, kv, n, hd]
-        values = v_pool[ids].transpose(0, 1).reshape(1, kv_heads, -1, hd)
+        # narrow pools widened to float32 (exact), as the native kernel reads them
+        keys = k_pool[ids].float().transpose(0, 1).reshape(1, kv_heads, -1, hd)  # [1, kv, n, hd]
+        values = v_pool[ids].float().transpose(0, 1).reshape(1, kv_heads, -1, hd)
         for r, pos in zip(rows_of.tolist(), row_pos[rows_of].tolist()):
             grouped = q[r].reshape(1, kv_heads, heads // kv_heads, hd)  # [1, kv, group, hd]
             attn = F.scaled_dot_product_attention(grouped, keys[:, :, :pos + 1],
@@ -97,10 +100,10 @@ def ragged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     """Causal attention of each query row on its own sequence in a paged KV cache.
 
     q `[rows, heads, hd]` float32; k_pool, v_pool `[num_blocks, kv_heads, block_size, hd]`
-    float32 (one layer's pools); block_tables `[num_seqs, max_blocks]` (block ids of each
-    sequence, in order); row_seq `[rows]` (each row's sequence); row_pos `[rows]` (each row's
-    position: it attends to 0..row_pos, its own key/value already written). Query head h reads
-    KV head h // (heads / kv_heads). Returns `[rows, heads, hd]` float32; scale defaults to
+    float32, float16 or bfloat16 (one layer's pools, read widened to float32); block_tables
+    `[num_seqs, max_blocks]` (block ids of each sequence, in order); row_seq `[rows]` (each
+    row's sequence); row_pos `[rows]` (each row's position: it attends to 0..row_pos, its own
+    key/value already written). Query head h reads KV head h // (heads / kv_heads). Returns `[rows, heads, hd]` float32; scale defaults to
     1/sqrt(hd). Native (batch-invariant) where the kernel runs and hd is a multiple of 8, the
     reference otherwise; bad shapes or indices raise ValueError.
     """
@@ -119,9 +122,9 @@ def ragged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     num_blocks, kv_heads, block_size, _ = k_pool.shape
     rc = lib.ragged_attention(
         q.data_ptr(), rows, heads, kv_heads, hd, k_pool.data_ptr(), v_pool.data_ptr(),
-        num_blocks, block_size, tables.data_ptr(), tables.shape[0], tables.shape[1],
-        seqs.data_ptr(), pos.data_ptr(), ctypes.c_float(1 / math.sqrt(hd) if scale is None
-                                                        else scale), out.data_ptr())
+        kernels.KV_KINDS[k_pool.dtype], num_blocks, block_size, tables.data_ptr(),
+        tables.shape[0], tables.shape[1], seqs.data_ptr(), pos.data_ptr(),
+        ctypes.c_float(1 / math.sqrt(hd) if scale is None else scale), out.data_ptr())
     if rc == -3:
         _check_indices(k_pool, block_tables, row_seq, row_pos)  # names the bad index
     if rc != 0:

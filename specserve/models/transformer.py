@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from specserve import kernels
 from specserve.models.attention import ragged_attention
 from specserve.models.config import ModelConfig
-from specserve.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache
+from specserve.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, resolve_kv_cache_dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,29 +164,37 @@ class Transformer:
         self.lm_head = Linear(self.embed if cfg.tie_word_embeddings or head is None else head)
         self.dtype = self.embed.dtype  # the weights' dtype
         # The residual stream's dtype; the int8/int4 formats on the native kernels switch it
-        # to float32 (the kernels take float32). Attention and the KV cache always run in float32: on CPUs without
-        # native bfloat16, bfloat16 attention is 5-8x slower than float32.
+        # to float32 (the kernels take float32). Attention always computes in float32: on CPUs
+        # without native bfloat16, bfloat16 attention is 5-8x slower than float32. The KV cache
+        # holds float32 unless asked otherwise (`kv_cache_dtype`); narrow caches read widened.
         self.act_dtype = self.dtype
         inv_freq = 1.0 / (cfg.rope_theta ** (
             torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
         self._inv_freq = inv_freq  # [head_dim / 2]
 
-    def new_cache(self, num_slots: int, max_len: int,
-                  block_size: int = DEFAULT_BLOCK_SIZE) -> KVCache:
+    def new_cache(self, num_slots: int, max_len: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                  dtype: torch.dtype = ATTN_DTYPE) -> KVCache:
         """A cache of `num_slots` fixed strips of `max_len` positions (`ForwardBatch.from_lists`)."""
         per_slot = -(-max_len // block_size)
-        return self.new_pool(num_slots * per_slot, block_size, num_slots)
+        return self.new_pool(num_slots * per_slot, block_size, num_slots, dtype)
 
     def new_pool(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 num_slots: int = 0) -> KVCache:
+                 num_slots: int = 0, dtype: torch.dtype = ATTN_DTYPE) -> KVCache:
         """Per-layer pools of `num_blocks` blocks, addressed by block tables (`ForwardBatch.paged`)."""
         c = self.cfg
         return KVCache(c.num_layers, num_blocks, c.num_kv_heads, block_size, c.head_dim,
-                       ATTN_DTYPE, num_slots)
+                       dtype, num_slots)
 
-    def kv_bytes_per_token(self) -> int:
+    def kv_bytes_per_token(self, dtype: torch.dtype = ATTN_DTYPE) -> int:
         c = self.cfg
-        return KVCache.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, ATTN_DTYPE)
+        return KVCache.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, dtype)
+
+    def kv_cache_dtype(self, kv_cache_dtype: str = "auto") -> torch.dtype:
+        """The cache dtype the option `kv_cache_dtype` gives this model ("auto": float16 where
+        its layers run on the native glue, its activations' dtype elsewhere)."""
+        native = kernels.attention() is not None and self._native_layers(
+            torch.empty(0, dtype=self.act_dtype))
+        return resolve_kv_cache_dtype(kv_cache_dtype, native, self.act_dtype)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[..., None] * self._inv_freq  # [rows, head_dim / 2]
@@ -260,8 +268,9 @@ class Transformer:
         keys, values = cache.keys.data_ptr(), cache.values.data_ptr()
         step = per_layer * cache.keys.element_size()
         fixed = (cos.data_ptr(), sin.data_ptr())
-        index = (cache.num_blocks, cache.block_size, tables32.data_ptr(), num_seqs, max_blocks,
-                 seq32.data_ptr(), pos32.data_ptr(), scale, attn.data_ptr())
+        index = (kernels.KV_KINDS[cache.keys.dtype], cache.num_blocks, cache.block_size,
+                 tables32.data_ptr(), num_seqs, max_blocks, seq32.data_ptr(), pos32.data_ptr(),
+                 scale, attn.data_ptr())
         for i, layer in enumerate(self.layers):
             _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, layer.attn_norm.data_ptr(), eps,
                                    h.data_ptr()), "rms_norm")

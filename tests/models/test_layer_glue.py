@@ -85,11 +85,13 @@ def rope_case(heads: int, kv_heads: int, hd: int, lengths: list[int], block_size
 
 
 def native_rope_attend(lib, heads, kv_heads, hd, qkv, cos, sin, k_pool, v_pool, tables, row_seq,
-                       row_pos) -> tuple[int, torch.Tensor]:
+                       row_pos, kind: int | None = None) -> tuple[int, torch.Tensor]:
+    """`rope_store_attend` on pools of any dtype (its element kind, unless `kind` is given)."""
     out = torch.empty(qkv.shape[0], heads, hd)
+    kind = kernels.KV_KINDS[k_pool.dtype] if kind is None else kind
     rc = lib.rope_store_attend(qkv.data_ptr(), qkv.shape[0], heads, kv_heads, hd, cos.data_ptr(),
                                sin.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
-                               k_pool.shape[0], k_pool.shape[2], tables.data_ptr(),
+                               kind, k_pool.shape[0], k_pool.shape[2], tables.data_ptr(),
                                tables.shape[0], tables.shape[1], row_seq.data_ptr(),
                                row_pos.data_ptr(), ctypes.c_float(1 / math.sqrt(hd)),
                                out.data_ptr())
@@ -122,10 +124,12 @@ def test_rope_store_attend_is_bit_identical_to_the_pytorch_steps(isa, heads, kv_
     assert torch.equal(v_pool.nan_to_num(7.0), v_ref.nan_to_num(7.0))
 
 
-def test_rope_store_attend_refuses_a_bad_index_before_writing():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_rope_store_attend_refuses_a_bad_index_before_writing(dtype):
     lib = kernels.attention()
     qkv, cos, sin, k_pool, v_pool, tables, row_seq, row_pos = rope_case(
         4, 2, 16, [5, 19, 1], block_size=4, seed=3)
+    k_pool, v_pool = k_pool.to(dtype), v_pool.to(dtype)
     before = (k_pool.clone(), v_pool.clone())
     for bad_seq, bad_pos in ((7, None), (None, 10_000)):
         seqs, pos = row_seq.clone(), row_pos.clone()
@@ -137,26 +141,42 @@ def test_rope_store_attend_refuses_a_bad_index_before_writing():
         assert rc == -3
         assert torch.equal(k_pool.nan_to_num(7.0), before[0].nan_to_num(7.0))
         assert torch.equal(v_pool.nan_to_num(7.0), before[1].nan_to_num(7.0))
+    rc, _ = native_rope_attend(lib, 4, 2, 16, qkv, cos, sin, k_pool, v_pool, tables, row_seq,
+                               row_pos, kind=3)  # no such element kind
+    assert rc == -2
+    assert torch.equal(k_pool.nan_to_num(7.0), before[0].nan_to_num(7.0))
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("weights", ["float32", "int4"])
-def test_native_pass_matches_the_pytorch_pass(tmp_path, monkeypatch, weights):
+def test_native_pass_matches_the_pytorch_pass(tmp_path, monkeypatch, weights, cache_dtype):
     """The whole decoder: prompt logits of the native pass against the PyTorch pass (the same
-    model, the glue switched off), within float32 rounding; and both write the same cache."""
+    model, the glue switched off), within float32 rounding, and both write the same cache.
+    A float16 cache: where the two paths' float32 keys differ in the last bit (their norms
+    round differently), the float16 rounding may fall either way, so a rare entry is one
+    float16 step (2^-10 relative, 2^-24 among subnormals) apart; the logits stay within
+    float32 rounding."""
     from specserve.models.loader import load_model
     path = tiny.save_hf_dir(tiny.build_hf_model("qwen2", seed=0), tmp_path / "m")
     model = load_model(path, "float32", weights=weights).model
     batch = ForwardBatch.from_lists([list(range(3, 40)), [5, 9, 2]], [0, 0], [0, 1])
     assert model._native_layers(torch.zeros(1))
-    native_cache = model.new_cache(2, 64)
+    native_cache = model.new_cache(2, 64, dtype=cache_dtype)
     native = model.forward(batch, native_cache)
     monkeypatch.setattr(Transformer, "_native_layers", lambda self, x: False)
-    torch_cache = model.new_cache(2, 64)
+    torch_cache = model.new_cache(2, 64, dtype=cache_dtype)
     reference = model.forward(batch, torch_cache)
+    assert native_cache.keys.dtype == torch_cache.keys.dtype == cache_dtype
     for a, b in zip(native, reference):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    used = native_cache.keys[:, :2]  # the blocks the two sequences use
-    torch.testing.assert_close(used, torch_cache.keys[:, :2], rtol=1e-5, atol=1e-5)
+    for pools in ((native_cache.keys, torch_cache.keys), (native_cache.values, torch_cache.values)):
+        used = [p[:, :2] for p in pools]  # the blocks the two sequences use
+        if cache_dtype == torch.float32:
+            torch.testing.assert_close(used[0], used[1], rtol=1e-5, atol=1e-5)
+        else:
+            torch.testing.assert_close(used[0].float(), used[1].float(), rtol=2 ** -10,
+                                       atol=2 ** -24)
+            assert (used[0] != used[1]).sum() <= used[0].numel() // 100
 
 
 def test_bf16_activations_take_the_pytorch_path(tmp_path):
