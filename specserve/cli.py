@@ -49,6 +49,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "kernels (int4, its >4-bit tensors at 8 bits; float32 activations), a "
                         "float checkpoint loads bf16; int8/int4 quantize any checkpoint")
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   choices=["auto", "float32", "float16", "bfloat16"],
+                   help="KV cache dtype (auto: float16 on the native kernels, else the "
+                        "activations' dtype)")
     g = p.add_argument_group("speculative decoding")
     g.add_argument("--speculative-config", default=None,
                    help='JSON, e.g. \'{"method": "draft_model", "model": "qwen2.5-coder-0.5b", '
@@ -135,7 +139,8 @@ def cmd_generate(args) -> int:
     params = sampling_params(args)
     prompt = read_prompt(args)
     llm = LLM(args.model, dtype=args.dtype, speculative_config=speculative_config(args),
-              max_model_len=args.max_model_len, weights=args.weights)
+              max_model_len=args.max_model_len, weights=args.weights,
+              kv_cache_dtype=args.kv_cache_dtype)
     print(f"# loaded {llm.target.path.name} in {llm.target.load_seconds:.1f}s", file=sys.stderr)
     if args.chat:
         outputs = llm.chat([{"role": "user", "content": prompt}], params)

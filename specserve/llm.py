@@ -40,20 +40,21 @@ class LLM:
                  max_num_seqs: int = 8, max_model_len: int = 4096,
                  draft: LoadedModel | None = None, weights: str = "auto",
                  kv_cache_memory: int | None = None, max_num_batched_tokens: int = 256,
-                 enable_prefix_caching: bool = True) -> None:
+                 enable_prefix_caching: bool = True, kv_cache_dtype: str = "auto") -> None:
         self.spec = check_llm_args(model, dtype, speculative_config, max_num_seqs, max_model_len,
                                    draft, weights)  # before anything loads
         EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                      max_num_batched_tokens=max_num_batched_tokens,
-                     kv_cache_memory=kv_cache_memory,
-                     enable_prefix_caching=enable_prefix_caching)  # its checks, before loading
+                     kv_cache_memory=kv_cache_memory, enable_prefix_caching=enable_prefix_caching,
+                     kv_cache_dtype=kv_cache_dtype)  # its checks, before loading
         self.weights = weights
         self.target = model if isinstance(model, LoadedModel) else load_model(model, dtype, weights)
         max_len = min(max_model_len, self.target.config.max_position)
         config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_len,
                               max_num_batched_tokens=max_num_batched_tokens,
                               kv_cache_memory=kv_cache_memory,
-                              enable_prefix_caching=enable_prefix_caching)
+                              enable_prefix_caching=enable_prefix_caching,
+                              kv_cache_dtype=kv_cache_dtype)
         self.draft = draft
         if self.spec is not None and self.spec.method == "draft_model":
             self._load_draft(dtype)
@@ -63,7 +64,7 @@ class LLM:
             self.target.model,
             self.draft.model if self.spec is not None and self.spec.method == "draft_model" else None,
             config.kv_cache_memory, config.block_size, max_len + MAX_SPECULATIVE_TOKENS + 1,
-            config.enable_prefix_caching)
+            config.enable_prefix_caching, config.kv_cache_dtype)
         drafter = self._build_drafter(draft_runner, config) if self.spec else None
         self.engine = LLMEngine(runner, self.target.tokenizer, config, self.spec, drafter)
         if self.spec is not None and self.spec.policy_name == "cost_aware" \

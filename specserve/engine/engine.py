@@ -23,6 +23,7 @@ from specserve.engine.outputs import RequestDelta, SpeculationOverride, TokenOri
 from specserve.engine.runner import ModelRunner
 from specserve.engine.scheduler import Chunk, Scheduler, StepPlan
 from specserve.engine.sequence import Sequence, Status
+from specserve.models.kv_cache import check_kv_cache_dtype
 from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.params import SamplingParams
 from specserve.sampling.processors import processed_probs
@@ -40,7 +41,9 @@ class EngineConfig:
     rows on (the native kernels take rows four at a time), so bigger chunks barely raise
     prefill throughput while every running stream waits for the whole chunk; 256 rows keep
     that wait near one second on the 1.5B int4 target. `kv_cache_memory`: bytes for the KV
-    caches of the target and the draft together (None: `default_kv_cache_memory()`)."""
+    caches of the target and the draft together (None: `default_kv_cache_memory()`).
+    `kv_cache_dtype`: "auto" (float16 for models on the native glue, the activations' dtype
+    elsewhere), "float32", "float16" or "bfloat16", for the target's and the draft's caches."""
 
     max_num_seqs: int = 8
     max_model_len: int = 4096
@@ -48,6 +51,7 @@ class EngineConfig:
     kv_cache_memory: int | None = None
     block_size: int = 16
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -62,6 +66,7 @@ class EngineConfig:
                              f"RAM), got {self.kv_cache_memory}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        check_kv_cache_dtype(self.kv_cache_dtype)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,12 +18,14 @@ from specserve.models.transformer import ForwardBatch
 
 class ModelRunner:
     """`model` is a `Transformer` (or anything with `cfg.vocab_size`, `new_pool` and
-    `forward(ForwardBatch, cache, last_n)`). It owns `num_blocks` blocks of KV cache."""
+    `forward(ForwardBatch, cache, last_n)`). It owns `num_blocks` blocks of KV cache, of
+    `kv_dtype` (None: the model's default)."""
 
     def __init__(self, model, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 prefix_caching: bool = True) -> None:
+                 prefix_caching: bool = True, kv_dtype: torch.dtype | None = None) -> None:
         self.model = model
-        self.cache = model.new_pool(num_blocks, block_size)
+        self.cache = model.new_pool(num_blocks, block_size) if kv_dtype is None \
+            else model.new_pool(num_blocks, block_size, dtype=kv_dtype)
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
 
     @property
@@ -110,14 +112,18 @@ def default_kv_cache_memory(meminfo: Path = Path("/proc/meminfo")) -> int:
 
 
 def build_runners(target, draft, kv_cache_memory: int | None, block_size: int,
-                  min_tokens: int, prefix_caching: bool = True
+                  min_tokens: int, prefix_caching: bool = True, kv_cache_dtype: str = "auto"
                   ) -> tuple[ModelRunner, ModelRunner | None]:
     """The target's runner and the draft's (None without a draft model), with the same
     number of blocks each, as many as `kv_cache_memory` bytes hold for both (None: the
-    default from available RAM). The budget must hold at least one sequence of `min_tokens`
+    default from available RAM) in the dtype `kv_cache_dtype` gives each model (see
+    `Transformer.kv_cache_dtype`). The budget must hold at least one sequence of `min_tokens`
     positions (max_model_len plus a round's drafts)."""
     memory = kv_cache_memory if kv_cache_memory is not None else default_kv_cache_memory()
-    per_token = target.kv_bytes_per_token() + (draft.kv_bytes_per_token() if draft else 0)
+    target_dtype = target.kv_cache_dtype(kv_cache_dtype)
+    draft_dtype = draft.kv_cache_dtype(kv_cache_dtype) if draft else None
+    per_token = target.kv_bytes_per_token(target_dtype) + (
+        draft.kv_bytes_per_token(draft_dtype) if draft else 0)
     num_blocks = memory // (per_token * block_size)
     needed = -(-min_tokens // block_size)
     if num_blocks < needed:
@@ -126,8 +132,9 @@ def build_runners(target, draft, kv_cache_memory: int | None, block_size: int,
                              f"blocks of {block_size} positions; one max_model_len sequence "
                              f"needs {needed} ({needed * block_size * per_token} bytes)")
         num_blocks = needed  # a machine short of memory still serves one sequence
-    runner = ModelRunner(target, num_blocks, block_size, prefix_caching)
-    draft_runner = ModelRunner(draft, num_blocks, block_size, prefix_caching) if draft else None
+    runner = ModelRunner(target, num_blocks, block_size, prefix_caching, target_dtype)
+    draft_runner = ModelRunner(draft, num_blocks, block_size, prefix_caching,
+                               draft_dtype) if draft else None
     return runner, draft_runner
 
 

@@ -47,6 +47,10 @@ def add_parser(sub) -> None:
                    "(default: the engine's, from available RAM)")
     g.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="token budget per engine step (prefill chunks + decode rows)")
+    g.add_argument("--kv-cache-dtype", default="auto",
+                   choices=["auto", "float32", "float16", "bfloat16"],
+                   help="KV cache dtype (auto: float16 on the native kernels, else the "
+                        "activations' dtype)")
     g = p.add_argument_group("HTTP")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
@@ -125,7 +129,8 @@ def cmd_serve(args) -> int:
     from specserve.server.preparation import ModelLimits
 
     budgets = {k: v for k, v in (("kv_cache_memory", kv_bytes),
-                                 ("max_num_batched_tokens", args.max_num_batched_tokens)) if v is not None}
+                                 ("max_num_batched_tokens", args.max_num_batched_tokens),
+                                 ("kv_cache_dtype", args.kv_cache_dtype)) if v is not None}
     if args.replicas is not None:  # Ray is imported only here
         from specserve.server.replicas.launch import serve_replicas
         return serve_replicas(args, spec, budgets)

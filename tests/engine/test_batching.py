@@ -114,8 +114,9 @@ def test_seeded_sampling_gives_the_same_tokens_alone_and_batched(models):
 def test_a_kv_budget_too_small_for_all_preempts_and_every_request_completes_exactly(
         models, spec_name):
     target, draft = models
-    per_token = target.model.kv_bytes_per_token() + (
-        draft.model.kv_bytes_per_token() if spec_name == "draft" else 0)
+    per_token = target.model.kv_bytes_per_token(target.model.kv_cache_dtype()) + (
+        draft.model.kv_bytes_per_token(draft.model.kv_cache_dtype()) if spec_name == "draft"
+        else 0)  # in the dtype the engine's "auto" gives each model
     # 20 blocks of 16 positions: room for the longest sequence (max_model_len 256 + drafts)
     # but not for 12 requests of ~60 positions each at once
     llm = make_llm(models, spec_name, kv_cache_memory=20 * 16 * per_token)
