@@ -258,9 +258,10 @@ def memory_ceiling(target, rows: list[dict], max_tokens: int) -> dict:
     from specserve.bench.bandwidth import ceiling, read_bandwidth
 
     bw = read_bandwidth()
+    kv_dtype = target.model.kv_cache_dtype()  # the engine's default ("auto") cache dtype
     for row in rows:
         if row["config"] == "target only" and row.get("prompt_tokens") is not None:
-            at = ceiling(target.model, bw, row["prompt_tokens"] + max_tokens // 2)
+            at = ceiling(target.model, bw, row["prompt_tokens"] + max_tokens // 2, kv_dtype)
             row["fraction_of_ceiling"] = row["decode_tokens_per_s"] / at["ceiling_tokens_per_s"]
     return ceiling(target.model, bw)
 

@@ -14,7 +14,7 @@ Instruction sets, chosen at run time from /proc/cpuinfo, widest first:
 `SPECSERVE_NO_NATIVE=1` forces PyTorch. Each set builds the same source with its own flags
 into its own shared object; the quantized and float matmuls give the same bits on each.
 
-`qmatmul()` returns the loaded library (4- and 8-bit weight matmuls `q_matmul`, float weight
+`qmatmul()` returns the loaded library (4-, 6- and 8-bit weight matmuls `q_matmul`, float weight
 matmul `f_matmul`), or None where it cannot run here (no compiler, no AVX2/FMA/F16C, or
 `SPECSERVE_NO_NATIVE`); `isa()` says which instruction set it was built for.
 """

@@ -30,4 +30,5 @@ def test_a_float_model_reads_its_weights_and_one_embedding_row_per_token(tmp_pat
     assert decode_bytes_per_token(model) == expected
     kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4
     assert decode_bytes_per_token(model, context=10) == expected + 10 * kv
+    assert decode_bytes_per_token(model, context=10, kv_dtype=torch.float16) == expected + 5 * kv
     assert ceiling(model, 1e9)["ceiling_tokens_per_s"] == 1e9 / expected
