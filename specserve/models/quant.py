@@ -273,6 +273,7 @@ class NativeLinear:
         self.out_features, self.in_features = weight.shape
         self.w = quantize_native(weight, bits, self._lib.q_sc_max(bits))
         self.bias = bias.float() if bias is not None else None
+        self._wargs = self._weight_args()
 
     @classmethod
     def from_weights(cls, w: NativeWeights, bias: torch.Tensor | None,
@@ -286,22 +287,30 @@ class NativeLinear:
         layer.out_features, layer.in_features = w.out_features, w.in_features
         layer.w = w
         layer.bias = bias.float() if bias is not None else None
+        layer._wargs = layer._weight_args()
         return layer
+
+    def _weight_args(self) -> tuple:
+        """The kernel's weight arguments, once: the tensors never move (`self.w` keeps them)."""
+        w = self.w
+        return (w.bits, self.in_features, w.sb, w.qs.data_ptr(), _ptr(w.qh), w.sc.data_ptr(),
+                w.dsup.data_ptr(), _ptr(w.mins), _ptr(w.dmin), self.out_features)
 
     def __call__(self, x: torch.Tensor, path: int = 0) -> torch.Tensor:
         """`path` (tests, benchmarks): 0 lets the kernel choose, 1 forces its decode loop
         (outputs one by one over all rows), 2 its prefill tiles; all give the same bits."""
-        flat = x.reshape(-1, self.in_features).to(torch.float32).contiguous()  # [rows, in]
-        y = torch.empty((flat.shape[0], self.out_features), dtype=torch.float32)
-        w = self.w
-        rc = self._lib.q_matmul(w.bits, flat.data_ptr(), flat.shape[0], self.in_features, w.sb,
-                                w.qs.data_ptr(), _ptr(w.qh), w.sc.data_ptr(), w.dsup.data_ptr(),
-                                _ptr(w.mins), _ptr(w.dmin), self.out_features, y.data_ptr(), path)
+        plain = (x.dim() == 2 and x.shape[1] == self.in_features and x.dtype == torch.float32
+                 and x.is_contiguous())  # the native pass's activations: used as they are
+        flat = x if plain else x.reshape(-1, self.in_features).to(torch.float32).contiguous()
+        rows = flat.shape[0]  # flat: [rows, in]
+        y = torch.empty((rows, self.out_features), dtype=torch.float32)
+        bits, k, sb, *ptrs, n = self._wargs
+        rc = self._lib.q_matmul(bits, flat.data_ptr(), rows, k, sb, *ptrs, n, y.data_ptr(), path)
         if rc != 0:
             raise RuntimeError(f"q_matmul failed ({'out of memory' if rc == -1 else 'bad arguments'})")
         if self.bias is not None:
             y += self.bias
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y if plain else y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
 class Int4Linear:
