@@ -247,6 +247,10 @@ static inline __attribute__((always_inline)) void lanes_rows(
                 __m256i h0 = _mm256_setzero_si256(), h1 = h0;
                 if (bits == 6) {
                     const uint8_t *h = w->qh + b * 128 + 4 * at;
+                    if (!half) {
+                        _mm_prefetch((const char *)h + PREFETCH / 2, _MM_HINT_T0);
+                        _mm_prefetch((const char *)h + PREFETCH / 2 + 64, _MM_HINT_T0);
+                    }
                     h0 = _mm256_loadu_si256((const __m256i *)h);
                     h1 = _mm256_loadu_si256((const __m256i *)(h + 64));
                 }
