@@ -14,9 +14,8 @@ import torch
 from specserve import kernels
 from specserve.models.attention import ragged_attention, ragged_attention_reference
 from specserve.models.kv_cache import KVCache, check_kv_cache_dtype, resolve_kv_cache_dtype
-from specserve.models.transformer import rotate_half
 from tests.models.test_attention import ATOL, LENGTHS, ROWS_OF, make_sequences, paged, ragged_batch
-from tests.models.test_layer_glue import ISAS, lib_for, rope_case
+from tests.models.test_layer_glue import ISAS, lib_for, pytorch_rope_store_attend, rope_case
 
 NARROW = [torch.float16, torch.bfloat16]
 
@@ -111,17 +110,8 @@ def test_rope_store_attend_on_narrow_pools_equals_the_pytorch_steps(isa, dtype, 
     qkv, cos, sin, k32, v32, tables, row_seq, row_pos = rope_case(
         heads, kv_heads, hd, [5, 19, 1], block_size=4, seed=hd)
     k_pool, v_pool = k32.to(dtype), v32.to(dtype)  # NaN where nothing was written
-    rows = qkv.shape[0]
-    q, k, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
-    c, s = cos[:, None], sin[:, None]
-    q = q.reshape(rows, heads, hd) * c + rotate_half(q.reshape(rows, heads, hd)) * s
-    k = k.reshape(rows, kv_heads, hd) * c + rotate_half(k.reshape(rows, kv_heads, hd)) * s
-    k_ref, v_ref = k_pool.clone(), v_pool.clone()
-    for r in range(rows):
-        block = int(tables[row_seq[r], row_pos[r] // 4])
-        k_ref[block, :, row_pos[r] % 4] = k[r].to(dtype)
-        v_ref[block, :, row_pos[r] % 4] = v[r].reshape(kv_heads, hd).to(dtype)
-    want = ragged_attention(q, k_ref, v_ref, tables, row_seq, row_pos)
+    q, k_ref, v_ref, want = pytorch_rope_store_attend(qkv, cos, sin, k_pool, v_pool, tables,
+                                                      row_seq, row_pos, heads, kv_heads, hd)
     rc, got = native_rope_attend(lib, heads, kv_heads, hd, qkv, cos, sin, k_pool, v_pool, tables,
                                  row_seq, row_pos)
     assert rc == 0

@@ -98,13 +98,11 @@ def native_rope_attend(lib, heads, kv_heads, hd, qkv, cos, sin, k_pool, v_pool, 
     return rc, out
 
 
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("heads,kv_heads,hd", [(4, 2, 16), (12, 2, 128)])
-def test_rope_store_attend_is_bit_identical_to_the_pytorch_steps(isa, heads, kv_heads, hd):
-    """The PyTorch path: x·cos + rotate_half(x)·sin, the cache write, ragged_attention."""
-    lib = lib_for(isa)
-    qkv, cos, sin, k_pool, v_pool, tables, row_seq, row_pos = rope_case(
-        heads, kv_heads, hd, [5, 19, 1], block_size=4, seed=hd)
+def pytorch_rope_store_attend(qkv, cos, sin, k_pool, v_pool, tables, row_seq, row_pos, heads,
+                              kv_heads, hd, block_size: int = 4):
+    """The PyTorch steps a native `rope_store_attend` repeats: x·cos + rotate_half(x)·sin on q
+    and k, the write of k and v into copies of the pools (rounded to their dtype), then
+    ragged_attention. Returns (rotated q, keys, values, attention output)."""
     rows = qkv.shape[0]
     q, k, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
     c, s = cos[:, None], sin[:, None]
@@ -112,10 +110,21 @@ def test_rope_store_attend_is_bit_identical_to_the_pytorch_steps(isa, heads, kv_
     k = k.reshape(rows, kv_heads, hd) * c + rotate_half(k.reshape(rows, kv_heads, hd)) * s
     k_ref, v_ref = k_pool.clone(), v_pool.clone()
     for r in range(rows):
-        block = int(tables[row_seq[r], row_pos[r] // 4])
-        k_ref[block, :, row_pos[r] % 4] = k[r]
-        v_ref[block, :, row_pos[r] % 4] = v[r].reshape(kv_heads, hd)
-    want = ragged_attention(q, k_ref, v_ref, tables, row_seq, row_pos)
+        block = int(tables[row_seq[r], row_pos[r] // block_size])
+        k_ref[block, :, row_pos[r] % block_size] = k[r].to(k_ref.dtype)
+        v_ref[block, :, row_pos[r] % block_size] = v[r].reshape(kv_heads, hd).to(v_ref.dtype)
+    return q, k_ref, v_ref, ragged_attention(q, k_ref, v_ref, tables, row_seq, row_pos)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("heads,kv_heads,hd", [(4, 2, 16), (12, 2, 128)])
+def test_rope_store_attend_is_bit_identical_to_the_pytorch_steps(isa, heads, kv_heads, hd):
+    """The PyTorch path: x·cos + rotate_half(x)·sin, the cache write, ragged_attention."""
+    lib = lib_for(isa)
+    qkv, cos, sin, k_pool, v_pool, tables, row_seq, row_pos = rope_case(
+        heads, kv_heads, hd, [5, 19, 1], block_size=4, seed=hd)
+    q, k_ref, v_ref, want = pytorch_rope_store_attend(qkv, cos, sin, k_pool, v_pool, tables,
+                                                      row_seq, row_pos, heads, kv_heads, hd)
     rc, got = native_rope_attend(lib, heads, kv_heads, hd, qkv, cos, sin, k_pool, v_pool, tables,
                                  row_seq, row_pos)
     assert rc == 0
