@@ -28,6 +28,12 @@ def tiny_hf(tmp_path_factory, tiny_arch):
     return model, path
 
 
+@pytest.fixture(scope="module")
+def int8_pair(tmp_path_factory):
+    """(target, draft): the speculative tests' tiny int8 pair (`tiny.load_int8_pair`)."""
+    return tiny.load_int8_pair(tmp_path_factory)
+
+
 def real_model_path(alias: str) -> Path:
     """The cached real model, or a failure telling how to fetch it (never a skip)."""
     from specserve.models.registry import resolve_model

@@ -202,3 +202,10 @@ def load_int8_pair(tmp_path_factory):
 def draft_spec(k, **kw) -> dict:
     """A draft-model speculative config with k drafts (the draft passed to LLM separately)."""
     return {"method": "draft_model", "model": "draft", "num_speculative_tokens": k, **kw}
+
+
+def greedy(n: int):
+    """Greedy sampling of exactly `n` tokens (EOS ignored)."""
+    from specserve.sampling.params import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)

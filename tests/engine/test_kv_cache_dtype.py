@@ -13,19 +13,12 @@ from specserve.engine.engine import EngineConfig
 from specserve.engine.runner import build_runners
 from specserve.llm import LLM
 from specserve.models.loader import load_model
-from specserve.sampling.params import SamplingParams
 from tests import tiny
 
 PROMPT = [5, 17, 33, 8, 90, 41]
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny.load_int8_pair(tmp_path_factory)
-
-
-def greedy(n: int) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+greedy = tiny.greedy
 
 
 @pytest.mark.parametrize("bad", ["fp8", "half", "FLOAT16", "", None, torch.float16])
@@ -46,8 +39,8 @@ def test_the_cli_flags_offer_the_same_names():
             build_parser().parse_args([*command, "--kv-cache-dtype", "fp8"])
 
 
-def test_auto_is_float16_on_the_native_glue_for_target_and_draft(models):
-    target, draft = models  # int8 weights, float32 activations: the native glue
+def test_auto_is_float16_on_the_native_glue_for_target_and_draft(int8_pair):
+    target, draft = int8_pair  # int8 weights, float32 activations: the native glue
     llm = LLM(target, draft=draft, speculative_config=tiny.draft_spec(3))
     assert llm.engine.runner.cache.keys.dtype == torch.float16
     assert llm.engine.drafter.runner.cache.keys.dtype == torch.float16
@@ -73,8 +66,8 @@ def test_auto_is_the_activations_dtype_off_the_native_glue(tmp_path):
     assert len(half.generate(PROMPT, greedy(8))[0].outputs[0].token_ids) == 8
 
 
-def test_the_kv_budget_buys_blocks_at_the_cache_dtypes_size(models):
-    target, draft = models
+def test_the_kv_budget_buys_blocks_at_the_cache_dtypes_size(int8_pair):
+    target, draft = int8_pair
     per_token32 = target.model.kv_bytes_per_token() + draft.model.kv_bytes_per_token()
     budget = 64 * 16 * per_token32  # 64 float32 blocks of 16 positions for the pair
     blocks = {}
@@ -89,10 +82,10 @@ def test_the_kv_budget_buys_blocks_at_the_cache_dtypes_size(models):
 
 @pytest.mark.parametrize("kv_cache_dtype", ["float16", "float32"])
 @pytest.mark.parametrize("same_draft", [True, False])
-def test_greedy_speculative_equals_target_only_on_the_cache_dtype(models, kv_cache_dtype,
+def test_greedy_speculative_equals_target_only_on_the_cache_dtype(int8_pair, kv_cache_dtype,
                                                                   same_draft):
     """An identical draft (everything accepted) and an unrelated one (mostly rejected)."""
-    target, other = models
+    target, other = int8_pair
     draft = target if same_draft else other
     n = 40
     plain = LLM(target, kv_cache_dtype=kv_cache_dtype).generate(PROMPT, greedy(n))[0].outputs[0]

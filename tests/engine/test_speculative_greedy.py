@@ -1,6 +1,6 @@
 """Greedy speculative decoding equals target-only decoding token for token.
 
-The models run on the native 8-bit kernels, whose matmuls give each row the same bits however
+The int8_pair run on the native 8-bit kernels, whose matmuls give each row the same bits however
 many rows a pass has; with attention computed position by position, a verify pass reproduces
 plain decoding's logits exactly, so even the near-ties of a random tiny model cannot split the
 two. (Float32 GEMMs round differently for 1 and k + 1 rows.)"""
@@ -19,21 +19,15 @@ from tests import tiny
 PROMPT = [5, 17, 33, 8, 90, 41]
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny.load_int8_pair(tmp_path_factory)
-
-
 spec = tiny.draft_spec
 
 
-def greedy(n):
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+greedy = tiny.greedy
 
 
 @pytest.mark.parametrize("k", [1, 3, 4])
-def test_identical_draft_accepts_everything_and_matches_target(models, k):
-    target, _ = models
+def test_identical_draft_accepts_everything_and_matches_target(int8_pair, k):
+    target, _ = int8_pair
     n = 40
     plain = LLM(target).generate(PROMPT, greedy(n))[0].outputs[0]
     fast = LLM(target, draft=target, speculative_config=spec(k)).generate(PROMPT, greedy(n))[0].outputs[0]
@@ -43,8 +37,8 @@ def test_identical_draft_accepts_everything_and_matches_target(models, k):
     assert fast.spec.rounds == math.ceil((n - 1) / (k + 1))
 
 
-def test_unrelated_draft_matches_target_and_is_mostly_rejected(models):
-    target, draft = models
+def test_unrelated_draft_matches_target_and_is_mostly_rejected(int8_pair):
+    target, draft = int8_pair
     n = 40
     plain = LLM(target).generate(PROMPT, greedy(n))[0].outputs[0]
     fast = LLM(target, draft=draft, speculative_config=spec(4)).generate(PROMPT, greedy(n))[0].outputs[0]
@@ -52,8 +46,8 @@ def test_unrelated_draft_matches_target_and_is_mostly_rejected(models):
     assert fast.spec.acceptance_rate < 0.3
 
 
-def test_without_bonus_token_256_tokens_at_k4_take_64_rounds(models):
-    target, _ = models
+def test_without_bonus_token_256_tokens_at_k4_take_64_rounds(int8_pair):
+    target, _ = int8_pair
     llm = LLM(target, draft=target, speculative_config=spec(4, bonus_token=False), max_model_len=512)
     out = llm.generate(PROMPT, greedy(256))[0].outputs[0]
     plain = LLM(target, max_model_len=512).generate(PROMPT, greedy(256))[0].outputs[0]
@@ -62,23 +56,23 @@ def test_without_bonus_token_256_tokens_at_k4_take_64_rounds(models):
     assert out.spec.rounds == 64
 
 
-def test_tv_budget_one_accepts_every_draft_token(models):
-    target, draft = models
+def test_tv_budget_one_accepts_every_draft_token(int8_pair):
+    target, draft = int8_pair
     llm = LLM(target, draft=draft, speculative_config=spec(4, tv_budget=1.0))
     out = llm.generate(PROMPT, SamplingParams(temperature=1.0, max_tokens=30, seed=0, ignore_eos=True))[0].outputs[0]
     assert out.spec.drafted > 0 and out.spec.accepted == out.spec.drafted
 
 
-def test_per_request_tv_budget_overrides_engine(models):
-    target, draft = models
+def test_per_request_tv_budget_overrides_engine(int8_pair):
+    target, draft = int8_pair
     llm = LLM(target, draft=draft, speculative_config=spec(4, tv_budget=0.0))
     out = llm.generate(PROMPT, SamplingParams(temperature=1.0, max_tokens=30, seed=0, ignore_eos=True,
                                               tv_budget=1.0))[0].outputs[0]
     assert out.spec.accepted == out.spec.drafted
 
 
-def test_seeded_speculative_sampling_is_reproducible(models):
-    target, draft = models
+def test_seeded_speculative_sampling_is_reproducible(int8_pair):
+    target, draft = int8_pair
     params = SamplingParams(temperature=0.8, max_tokens=30, seed=11, ignore_eos=True)
     runs = [LLM(target, draft=draft, speculative_config=spec(3)).generate(PROMPT, params)[0].token_ids
             for _ in range(2)]
@@ -88,8 +82,8 @@ def test_seeded_speculative_sampling_is_reproducible(models):
     assert other != runs[0]
 
 
-def test_mismatched_vocabulary_is_refused(models, tmp_path):
-    target, _ = models
+def test_mismatched_vocabulary_is_refused(int8_pair, tmp_path):
+    target, _ = int8_pair
     other = tiny.build_hf_model("qwen2", seed=2)
     path = tiny.save_hf_dir(other, tmp_path / "d")
     (path / "tokenizer.json").write_text((path / "tokenizer.json").read_text().replace('"a"', '"@@"', 1))
@@ -97,8 +91,8 @@ def test_mismatched_vocabulary_is_refused(models, tmp_path):
         LLM(target, speculative_config=spec(2) | {"model": str(path)}, dtype="float32")
 
 
-def test_padded_vocabulary_of_same_tokenizer_is_accepted(models, tmp_path):
-    target, _ = models
+def test_padded_vocabulary_of_same_tokenizer_is_accepted(int8_pair, tmp_path):
+    target, _ = int8_pair
     padded = tiny.build_hf_model("qwen2", seed=0, vocab=tiny.VOCAB + 16)
     path = tiny.save_hf_dir(padded, tmp_path / "p")
     llm = LLM(target, speculative_config=spec(2) | {"model": str(path)}, dtype="float32")
@@ -107,8 +101,8 @@ def test_padded_vocabulary_of_same_tokenizer_is_accepted(models, tmp_path):
     assert out.token_ids == plain.token_ids
 
 
-def test_ngram_greedy_equals_target_only(models):
-    target, _ = models
+def test_ngram_greedy_equals_target_only(int8_pair):
+    target, _ = int8_pair
     prompt = PROMPT * 4  # repeated text gives prompt lookup something to find
     plain = LLM(target).generate(prompt, greedy(40))[0].outputs[0]
     fast = LLM(target, speculative_config={"method": "ngram", "num_speculative_tokens": 3}).generate(
@@ -117,8 +111,8 @@ def test_ngram_greedy_equals_target_only(models):
     assert fast.spec.drafted > 0
 
 
-def test_cost_aware_greedy_equals_target_only(models):
-    target, draft = models
+def test_cost_aware_greedy_equals_target_only(int8_pair):
+    target, draft = int8_pair
     plain = LLM(target).generate(PROMPT, greedy(40))[0].outputs[0]
     fast = LLM(target, draft=draft, speculative_config=spec(-1)).generate(PROMPT, greedy(40))[0].outputs[0]
     assert fast.token_ids == plain.token_ids
@@ -147,10 +141,10 @@ class Scripted:
         return True
 
 
-def test_draft_catch_up_after_idle_rounds_is_bounded_and_output_unchanged(models):
+def test_draft_catch_up_after_idle_rounds_is_bounded_and_output_unchanged(int8_pair):
     """After rounds without drafting, the draft is fed only its `max_catchup` newest unseen
     tokens (a hole in its context); greedy output still equals target-only."""
-    target, draft = models
+    target, draft = int8_pair
     n = 60
     plain = LLM(target).generate(PROMPT, greedy(n))[0].outputs[0]
     llm = LLM(target, draft=target, speculative_config=spec(3))
@@ -179,8 +173,8 @@ def test_draft_catch_up_after_idle_rounds_is_bounded_and_output_unchanged(models
     assert seq.metrics.accepted > 0
 
 
-def test_unbounded_catch_up_feeds_every_unseen_token(models):
-    target, _ = models
+def test_unbounded_catch_up_feeds_every_unseen_token(int8_pair):
+    target, _ = int8_pair
     llm = LLM(target, draft=target, speculative_config=spec(3))
     drafter = llm.engine.drafter
     drafter.max_catchup = None
@@ -196,9 +190,9 @@ def test_unbounded_catch_up_feeds_every_unseen_token(models):
     assert seq.metrics.accepted == seq.metrics.drafted > 0
 
 
-def test_cost_aware_engine_starts_calibrated(models):
+def test_cost_aware_engine_starts_calibrated(int8_pair):
     """cost_aware's cost model is seeded at start-up from timed passes of both models."""
-    target, draft = models
+    target, draft = int8_pair
     llm = LLM(target, draft=draft, speculative_config=spec(-1, max_k=5))
     measured = calibrate(llm.engine)
     assert sorted(measured["verify_s"]) == list(range(6))

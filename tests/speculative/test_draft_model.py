@@ -8,22 +8,15 @@ from __future__ import annotations
 import pytest
 
 from specserve.llm import LLM
-from specserve.sampling.params import SamplingParams
 from tests import tiny
 
 PROMPT = [(7 * j) % 90 + 5 for j in range(100)]
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return tiny.load_int8_pair(tmp_path_factory)
-
-
 spec = tiny.draft_spec
 
 
-def greedy(n):
-    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+greedy = tiny.greedy
 
 
 def plain(target, prompt, n, **kw):
@@ -43,8 +36,8 @@ def record_passes(drafter) -> list[list[int]]:
     return passes
 
 
-def test_draft_runs_nothing_until_the_targets_prefill_has_given_the_first_token(models):
-    target, draft = models
+def test_draft_runs_nothing_until_the_targets_prefill_has_given_the_first_token(int8_pair):
+    target, draft = int8_pair
     llm = LLM(target, draft=draft, speculative_config=spec(3), max_num_batched_tokens=32)
     engine = llm.engine
     passes = record_passes(engine.drafter)
@@ -64,8 +57,8 @@ def test_draft_runs_nothing_until_the_targets_prefill_has_given_the_first_token(
     assert seq.metrics.drafted > 0
 
 
-def test_a_starting_draft_is_fed_only_the_newest_prefill_window_tokens(models):
-    target, _ = models
+def test_a_starting_draft_is_fed_only_the_newest_prefill_window_tokens(int8_pair):
+    target, _ = int8_pair
     window = 16
     llm = LLM(target, draft=target, speculative_config=spec(3, prefill_window=window))
     drafter = llm.engine.drafter
@@ -85,8 +78,8 @@ def test_a_starting_draft_is_fed_only_the_newest_prefill_window_tokens(models):
     assert seq.metrics.accepted > seq.metrics.drafted / 2
 
 
-def test_a_windowed_start_keeps_the_drafts_prefix_cache_hits(models):
-    target, _ = models
+def test_a_windowed_start_keeps_the_drafts_prefix_cache_hits(int8_pair):
+    target, _ = int8_pair
     shared = PROMPT[:48]  # three full blocks, registered by a first draft that saw them all
     llm = LLM(target, draft=target, speculative_config=spec(2, prefill_window=64))
     drafter = llm.engine.drafter
@@ -106,8 +99,8 @@ def test_a_windowed_start_keeps_the_drafts_prefix_cache_hits(models):
     assert seq.output_ids == plain(target, second, 20)
 
 
-def test_a_start_longer_than_the_prefill_budget_is_fed_in_chunks_while_decoding_goes_on(models):
-    target, _ = models
+def test_a_start_longer_than_the_prefill_budget_is_fed_in_chunks_while_decoding_goes_on(int8_pair):
+    target, _ = int8_pair
     llm = LLM(target, draft=target, speculative_config=spec(3, prefill_window=None),
               max_num_batched_tokens=32)
     drafter = llm.engine.drafter
@@ -130,8 +123,8 @@ def test_a_start_longer_than_the_prefill_budget_is_fed_in_chunks_while_decoding_
     assert seq.metrics.drafted > 0
 
 
-def test_sequences_starting_together_share_one_calls_prefill_budget(models):
-    target, draft = models
+def test_sequences_starting_together_share_one_calls_prefill_budget(int8_pair):
+    target, draft = int8_pair
     prompts = [[(5 * j + i) % 90 + 3 for j in range(30)] for i in range(3)]
     budget = 92  # the three prompts prefill in one step; their three starts (31 each) do not fit
     llm = LLM(target, draft=draft, speculative_config=spec(2, prefill_window=None),
@@ -143,10 +136,10 @@ def test_sequences_starting_together_share_one_calls_prefill_budget(models):
         assert out.outputs[0].token_ids == plain(target, prompt, 12)
 
 
-def test_cost_aware_never_starts_the_draft_for_a_short_request_but_does_for_a_long_one(models):
+def test_cost_aware_never_starts_the_draft_for_a_short_request_but_does_for_a_long_one(int8_pair):
     """With a draft prefill of 0.4 s to pay (200 positions at 2 ms) and 16 ms saved per token
     at the prior acceptance, 16 tokens do not repay the start and 200 do."""
-    target, draft = models
+    target, draft = int8_pair
     prompt = [(7 * j) % 90 + 5 for j in range(200)]
 
     def run(max_tokens):
@@ -163,10 +156,10 @@ def test_cost_aware_never_starts_the_draft_for_a_short_request_but_does_for_a_lo
     assert started == 1 and out.spec.drafted > 0
 
 
-def test_speculation_turned_off_per_request_never_starts_the_draft(models):
+def test_speculation_turned_off_per_request_never_starts_the_draft(int8_pair):
     from specserve.engine.outputs import SpeculationOverride
 
-    target, draft = models
+    target, draft = int8_pair
     llm = LLM(target, draft=draft, speculative_config=spec(3))
     passes = record_passes(llm.engine.drafter)
     llm.engine.add_request(PROMPT, greedy(20), speculation=SpeculationOverride(enabled=False))
