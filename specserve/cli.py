@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
+from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
 
 DEMO_PROMPT = ("Write a Python function that checks whether a string is a palindrome, "
                "ignoring case and punctuation. Explain it briefly.")
@@ -126,7 +126,7 @@ def read_prompt(args) -> str:
 
 
 def cmd_download(args) -> int:
-    from specserve.models.registry import download
+    from specserve.hub.registry import download
 
     for path in download(args.names or None, verify=args.verify):
         print(path)
@@ -172,7 +172,7 @@ def _stats_line(out) -> str:
 def cmd_demo(args) -> int:
     """Target-only vs speculative on one prompt, side by side."""
     from specserve.llm import LLM
-    from specserve.models.loader import load_model
+    from specserve.weights.loader import load_model
     from specserve.sampling.params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -238,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specserve.models.registry import DownloadError
+    from specserve.hub.registry import DownloadError
 
     args = argparse.Namespace(command=None, debug=False)
     try:

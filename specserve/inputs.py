@@ -18,8 +18,8 @@ from numbers import Integral
 
 import torch
 
-from specserve.models.loader import DTYPES, LoadedModel
-from specserve.models.quant import FORMATS
+from specserve.weights.loader import DTYPES, LoadedModel
+from specserve.weights.quant import FORMATS
 from specserve.models.tokenizer import check_text
 from specserve.sampling.params import SamplingParams, require_int
 from specserve.speculative.config import SpeculativeConfig

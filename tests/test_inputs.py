@@ -196,7 +196,7 @@ def test_lone_surrogate_in_encode_is_a_clear_value_error(tokenizer):
 
 @pytest.fixture(scope="module")
 def tiny_llm(tmp_path_factory):
-    from specserve.models.loader import load_model
+    from specserve.weights.loader import load_model
 
     path = tiny.save_hf_dir(tiny.build_hf_model("qwen2", seed=0), tmp_path_factory.mktemp("m"))
     return LLM(load_model(path, "float32"), max_num_seqs=2, max_model_len=128)

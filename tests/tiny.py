@@ -190,7 +190,7 @@ def _add_tokenizer(writer, vocab: int, arch: str) -> None:
 def load_int8_pair(tmp_path_factory):
     """A target (seed 0) and a draft (seed 1) qwen2 tiny model, loaded float32 with int8
     weights: the speculative tests' pair."""
-    from specserve.models.loader import load_model
+    from specserve.weights.loader import load_model
 
     target = build_hf_model("qwen2", seed=0)
     other = build_hf_model("qwen2", seed=1)

@@ -16,7 +16,7 @@ import torch
 
 from specserve.bench import workloads
 from specserve.llm import LLM
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 from specserve.sampling.params import SamplingParams
 torch.set_num_threads(2)
 t, d = load_model("qwen2.5-coder-1.5b"), load_model("qwen2.5-coder-0.5b")

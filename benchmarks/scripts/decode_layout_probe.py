@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from specserve import kernels
-from specserve.models.quant import NativeLinear
+from specserve.weights.quant import NativeLinear
 
 PROBE = Path(__file__).with_name("decode_layout_probe.c")
 K, SB = 1536, 256

@@ -22,7 +22,7 @@ import torch
 from specserve import kernels
 from specserve.bench import workloads
 from specserve.llm import LLM
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 from specserve.sampling.params import SamplingParams
 
 TARGET = "qwen2.5-coder-1.5b"

@@ -26,13 +26,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir
+from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specserve.paths import cache_dir
 
 CHILD = """
 import json, resource, sys, time, torch
 torch.set_num_threads(2)
 from specserve import kernels
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 kernels.qmatmul()  # built once per kernel source (and flags), not per load: kept out of the figure
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)

@@ -20,8 +20,8 @@ import torch
 
 from specserve import kernels
 from specserve.engine.runner import ModelRunner
-from specserve.models.loader import load_model
-from specserve.models.quant import NativeLinear
+from specserve.weights.loader import load_model
+from specserve.weights.quant import NativeLinear
 
 PROMPTS = (512, 900)
 

@@ -20,7 +20,7 @@ import torch
 
 from specserve.bench import workloads
 from specserve.llm import LLM
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 from specserve.sampling.params import SamplingParams
 N = 128
 msg = workloads.load("creative")

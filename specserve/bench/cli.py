@@ -10,7 +10,7 @@ from pathlib import Path
 
 from specserve.bench import peers, report, suites, workloads
 from specserve.bench.runner import Bench, BenchOptions, log, machine_info, summarize
-from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.sampling.params import SamplingParams
 
 # what each optional part of the benchmark imports, and the extra that brings it
@@ -134,7 +134,7 @@ def cmd_concurrency(args) -> int:
     """`--concurrency`: see `specserve.bench.concurrency`."""
     from specserve.bench import concurrency as cc
     from specserve.llm import LLM
-    from specserve.models.loader import load_model
+    from specserve.weights.loader import load_model
 
     levels = concurrency_levels(args.concurrency)
     names = tuple(args.workloads or ("code_edit", "creative"))
@@ -201,7 +201,7 @@ def cmd_bench(args) -> int:
 
     from tqdm import tqdm
 
-    from specserve.models.loader import load_model
+    from specserve.weights.loader import load_model
 
     options = BenchOptions(max_tokens=args.max_tokens, repeats=args.repeats, seeds=args.seeds,
                            quality=not args.no_quality, prefix_caching=args.prefix_caching)

@@ -24,7 +24,7 @@ import torch
 from specserve.bench.quality import distinct_n, target_nll
 from specserve.bench.suites import BenchConfig
 from specserve.llm import LLM
-from specserve.models.loader import LoadedModel
+from specserve.weights.loader import LoadedModel
 from specserve.sampling.params import SamplingParams
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from specserve.models.registry import cache_dir
+from specserve.paths import cache_dir
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import re
 import signal
 import time
 
-from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 log = logging.getLogger("specserve.server")
 DESCRIPTION = """An OpenAI-compatible server. With no arguments it serves the default pair

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from specserve.models.loader import DTYPES
+from specserve.weights.loader import DTYPES
 from specserve.sampling.params import require_bool, require_int, require_real
 from specserve.speculative.draft_model import DEFAULT_PREFILL_WINDOW
 

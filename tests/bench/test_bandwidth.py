@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from specserve.bench.bandwidth import _tensor_bytes, ceiling, decode_bytes_per_token
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 from tests import tiny
 
 

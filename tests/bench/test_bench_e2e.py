@@ -53,7 +53,7 @@ def test_timed_calls_are_interleaved_round_robin(pair):
     a sampled one one per seed and repeat."""
     from specserve.bench.runner import Bench, BenchOptions
     from specserve.bench.suites import BenchConfig
-    from specserve.models.loader import load_model
+    from specserve.weights.loader import load_model
 
     t, d, _ = pair
     bench = Bench(load_model(t, "float32"), load_model(d, "float32"),

@@ -10,7 +10,7 @@ import pytest
 
 from specserve.engine.async_engine import AsyncEngine, EngineClosed, EngineError
 from specserve.llm import LLM
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 from specserve.sampling.params import SamplingParams
 from tests import tiny
 

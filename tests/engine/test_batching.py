@@ -8,7 +8,7 @@ import pytest
 
 from specserve.engine.outputs import SpeculationOverride
 from specserve.llm import LLM
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 from specserve.sampling.params import SamplingParams
 from tests import tiny
 

@@ -12,7 +12,7 @@ from specserve.cli import build_parser
 from specserve.engine.engine import EngineConfig
 from specserve.engine.runner import build_runners
 from specserve.llm import LLM
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 from tests import tiny
 
 PROMPT = [5, 17, 33, 8, 90, 41]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specserve.bench import workloads
 from specserve.llm import LLM
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 from specserve.sampling.params import SamplingParams
 from tests.conftest import real_model_path
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from specserve import kernels
-from specserve.models.quant import NativeLinear, NativeWeights
+from specserve.weights.quant import NativeLinear, NativeWeights
 from specserve.models.transformer import Linear
 from tests import native_reference as ref
 

@@ -165,7 +165,7 @@ def test_native_pass_matches_the_pytorch_pass(tmp_path, monkeypatch, weights, ca
     round differently), the float16 rounding may fall either way, so a rare entry is one
     float16 step (2^-10 relative, 2^-24 among subnormals) apart; the logits stay within
     float32 rounding."""
-    from specserve.models.loader import load_model
+    from specserve.weights.loader import load_model
     path = tiny.save_hf_dir(tiny.build_hf_model("qwen2", seed=0), tmp_path / "m")
     model = load_model(path, "float32", weights=weights).model
     batch = ForwardBatch.from_lists([list(range(3, 40)), [5, 9, 2]], [0, 0], [0, 1])
@@ -189,7 +189,7 @@ def test_native_pass_matches_the_pytorch_pass(tmp_path, monkeypatch, weights, ca
 
 
 def test_bf16_activations_take_the_pytorch_path(tmp_path):
-    from specserve.models.loader import load_model
+    from specserve.weights.loader import load_model
     path = tiny.save_hf_dir(tiny.build_hf_model("qwen2", seed=0), tmp_path / "m")
     model = load_model(path, "bfloat16", weights="bf16").model
     assert not model._native_layers(torch.zeros(1, dtype=model.act_dtype))

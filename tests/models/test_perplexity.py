@@ -8,7 +8,7 @@ import pytest
 
 from specserve.bench import workloads
 from specserve.bench.quality import perplexity
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 from tests.conftest import real_model_path
 
 

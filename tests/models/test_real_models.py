@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specserve.llm import LLM
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 from specserve.sampling.params import SamplingParams
 from tests.conftest import real_model_path
 
@@ -48,7 +48,7 @@ def test_chat_template_renders_as_transformers(alias):
     import transformers
 
     path = real_model_path(alias)
-    from specserve.models.gguf_loader import open_gguf, read_metadata
+    from specserve.weights.gguf_loader import open_gguf, read_metadata
     from specserve.models.tokenizer import from_gguf_metadata
 
     ours = from_gguf_metadata(read_metadata(open_gguf(path)))

@@ -11,7 +11,7 @@ import torch
 
 from specserve import kernels
 from specserve.engine.runner import ModelRunner
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 
 
 @pytest.mark.parametrize("isa", kernels.available_isas())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 from specserve.models.transformer import ForwardBatch
 
 TOL = 1e-4

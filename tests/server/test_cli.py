@@ -6,7 +6,7 @@ import argparse
 import pytest
 
 from specserve.cli import build_parser, main
-from specserve.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.server.cli import parse_size, speculative_config
 
 

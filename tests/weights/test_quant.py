@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specserve.models.quant import (INT4_GROUP, Int4Linear, Int8Linear, dequantize_int4,
+from specserve.weights.quant import (INT4_GROUP, Int4Linear, Int8Linear, dequantize_int4,
                                     quantize_int4, quantize_linears)
 
 
@@ -55,7 +55,7 @@ def test_int8_kernel_matches_float_reference(rows):
 
 
 def test_quantized_tiny_model_keeps_greedy_close_and_logits_correlated(tiny_hf):
-    from specserve.models.loader import load_model
+    from specserve.weights.loader import load_model
     from specserve.models.transformer import ForwardBatch
 
     _, path = tiny_hf
@@ -71,7 +71,7 @@ def test_quantized_tiny_model_keeps_greedy_close_and_logits_correlated(tiny_hf):
 
 
 def test_quantized_formats_need_bfloat16_and_a_known_name():
-    from specserve.models.loader import load_model
+    from specserve.weights.loader import load_model
 
     with pytest.raises(ValueError, match="weights"):
         quantize_linears(None, "int3")

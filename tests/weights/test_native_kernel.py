@@ -13,8 +13,8 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 
 from specserve import kernels
-from specserve.models import quant
-from specserve.models.quant import NativeLinear, quantize_native
+from specserve.weights import quant
+from specserve.weights.quant import NativeLinear, quantize_native
 from tests import native_reference as ref
 from tests.conftest import real_model_path
 
@@ -360,7 +360,7 @@ def assert_within_the_files_step(w: torch.Tensor, file_step: torch.Tensor, level
 
 
 def test_q4_k_tensor_repacked_to_4_bits_stays_within_half_its_step(two_threads):
-    from specserve.models.dequant import dequantize
+    from specserve.weights.dequant import dequantize
 
     g = torch.Generator().manual_seed(10)
     rows, cols = 64, 1024
@@ -378,7 +378,7 @@ def test_q4_k_tensor_repacked_to_4_bits_stays_within_half_its_step(two_threads):
 
 def test_q6_k_tensor_repacked_to_6_bits_stays_within_half_its_step(two_threads):
     """A block of 32 holds two Q6_K sub-blocks: it spans at most 63 of the coarser step."""
-    from specserve.models.dequant import dequantize
+    from specserve.weights.dequant import dequantize
 
     g = torch.Generator().manual_seed(11)
     rows, cols = 64, 1024
@@ -395,7 +395,7 @@ def test_q6_k_tensor_repacked_to_6_bits_stays_within_half_its_step(two_threads):
 def test_q5_0_tensor_repacked_to_6_bits_stays_within_a_quarter_of_its_step(two_threads):
     """Q5_0 (codes −16..15 × d per block of 32) spans at most 31·d: 63 steps of 6 bits put
     every weight within 31·d/126 (+ dmin/126 + dsup/2) of the file's value."""
-    from specserve.models.dequant import dequantize
+    from specserve.weights.dequant import dequantize
 
     g = torch.Generator().manual_seed(12)
     rows, cols = 64, 1024
@@ -414,8 +414,8 @@ def test_real_gguf_tensors_repacked_stay_within_their_files_step(model, name, qt
                                                                  two_threads):
     """The first 256 rows of real Q4_K, Q6_K and Q5_0 tensors of the shipped models, each
     block's file step read from its bytes, under the bound of the synthetic tests above."""
-    from specserve.models.dequant import dequantize
-    from specserve.models.gguf_loader import open_gguf
+    from specserve.weights.dequant import dequantize
+    from specserve.weights.gguf_loader import open_gguf
 
     f = open_gguf(real_model_path(model))
     tensor = next(t for t in f.tensors if t.name == name)
@@ -446,8 +446,8 @@ def test_real_gguf_tensors_repacked_stay_within_their_files_step(model, name, qt
 
 def test_int4_keeps_wide_source_tensors_at_6_or_8_bits_and_falls_back_without_the_kernel(
         tiny_hf, monkeypatch):
-    from specserve.models.loader import load_model
-    from specserve.models.quant import Int4Linear, quantize_linears
+    from specserve.weights.loader import load_model
+    from specserve.weights.quant import Int4Linear, quantize_linears
     from specserve.models.transformer import Transformer
 
     _, path = tiny_hf
@@ -477,7 +477,7 @@ def test_int4_keeps_wide_source_tensors_at_6_or_8_bits_and_falls_back_without_th
 def test_real_weights_against_float(bits, tolerance, two_threads):
     """Projections of the real SmolLM2 file: the kernel's output stays close to the float
     product with the original (dequantized GGUF) weights."""
-    from specserve.models.gguf_loader import load_gguf
+    from specserve.weights.gguf_loader import load_gguf
 
     _, _, tensors = load_gguf(real_model_path("smollm2-135m"), torch.float32)
     g = torch.Generator().manual_seed(4)

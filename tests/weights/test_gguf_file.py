@@ -1,4 +1,4 @@
-"""Tests for specserve.models.gguf_file: metadata, tensor index and bytes equal `gguf.GGUFReader`'s
+"""Tests for specserve.weights.gguf_file: metadata, tensor index and bytes equal `gguf.GGUFReader`'s
 on files written by `gguf.GGUFWriter` and on a real model; malformed files fail with clear errors.
 
 Hand-packed files (see `gguf_bytes`) cover what `GGUFWriter` refuses to write: empty arrays,
@@ -16,8 +16,8 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import quantize
 
-from specserve.models.gguf_file import GGUFFile, GGUFTensor
-from specserve.models.gguf_loader import open_gguf, read_metadata
+from specserve.weights.gguf_file import GGUFFile, GGUFTensor
+from specserve.weights.gguf_loader import open_gguf, read_metadata
 from tests.conftest import real_model_path
 
 Q, V = GGMLQuantizationType, GGUFValueType

@@ -15,8 +15,8 @@ import torch
 from gguf import GGML_QUANT_SIZES
 
 from specserve.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
-from specserve.models.dequant import dequantize
-from specserve.models.gguf_file import GGUFFile, GGUFTensor
+from specserve.weights.dequant import dequantize
+from specserve.weights.gguf_file import GGUFFile, GGUFTensor
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",

@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specserve.models.registry import verified_sha256
+from specserve.hub.registry import verified_sha256
 
 log = logging.getLogger(__name__)
 

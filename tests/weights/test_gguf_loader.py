@@ -9,7 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-from specserve.models.loader import load_model
+from specserve.weights.loader import load_model
 from specserve.models.transformer import ForwardBatch
 from tests import tiny
 
