@@ -16,90 +16,26 @@ import os
 import sys
 from pathlib import Path
 
-from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
+from specserve.config import LLMConfig, add_llm_flags
+from specserve.flags import add_flag, add_flags, build
+from specserve.hub.registry import DEFAULT_DRAFT
+from specserve.sampling.params import SamplingParams
+from specserve.speculative.config import SpeculativeConfig
+from specserve.weights.config import LoadConfig
 
+# `generate` greedy by default, with room for an answer; the per-request mentored budget is
+# the engine's `--tv-budget` here, and there is no output for logprobs
+GENERATE_SAMPLING = {"temperature": 0.0, "max_tokens": 256}
+SAMPLING_EXCLUDED = ("logprobs", "tv_budget")
 DEMO_PROMPT = ("Write a Python function that checks whether a string is a palindrome, "
                "ignoring case and punctuation. Explain it briefly.")
 
 
-def _sampling_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling (OpenAI/vLLM names)")
-    g.add_argument("--max-tokens", type=int, default=256)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-k", type=int, default=-1)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
-    g.add_argument("--presence-penalty", type=float, default=0.0)
-    g.add_argument("--frequency-penalty", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--stop-token-ids", type=int, nargs="*", default=[])
-    g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--n", type=int, default=1, help="completions per prompt")
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=DEFAULT_TARGET, help="alias, GGUF file or HF directory "
-                   f"(default {DEFAULT_TARGET}; aliases: {', '.join(m.alias for m in MODELS)})")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
-                   help="auto: float32 on the native quantized kernels, else bfloat16")
-    p.add_argument("--weights", default="auto", choices=["auto", "bf16", "float32", "int8", "int4"],
-                   help="auto (default): a quantized GGUF file stays quantized on the native "
-                        "kernels (int4, its >4-bit tensors at 8 bits; float32 activations), a "
-                        "float checkpoint loads bf16; int8/int4 quantize any checkpoint")
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--kv-cache-dtype", default="auto",
-                   choices=["auto", "float32", "float16", "bfloat16"],
-                   help="KV cache dtype (auto: float16 on the native kernels, else the "
-                        "activations' dtype)")
-    g = p.add_argument_group("speculative decoding")
-    g.add_argument("--speculative-config", default=None,
-                   help='JSON, e.g. \'{"method": "draft_model", "model": "qwen2.5-coder-0.5b", '
-                        '"num_speculative_tokens": 4}\'')
-    g.add_argument("--draft-model", default=None, help="shorthand for method draft_model")
-    g.add_argument("--ngram", action="store_true", help="shorthand for method ngram (prompt lookup)")
-    g.add_argument("--num-speculative-tokens", "-k", type=int, default=None,
-                   help="k; -1 lets the cost-aware policy choose")
-    g.add_argument("--tv-budget", type=float, default=None, help="mentored decoding budget D in [0, 1]")
-    g.add_argument("--draft-policy", default=None)
-    g.add_argument("--no-bonus-token", action="store_true")
-
-
-def speculative_config(args) -> dict | None:
-    config = _json_object("--speculative-config", args.speculative_config) \
-        if args.speculative_config else None
-    if args.draft_model or args.ngram:
-        config = dict(config or {}, method="ngram" if args.ngram else "draft_model")
-        if args.draft_model:
-            config["model"] = args.draft_model
-    if config is None:
-        return None
-    overrides = {"num_speculative_tokens": args.num_speculative_tokens, "tv_budget": args.tv_budget,
-                 "draft_policy": args.draft_policy, "bonus_token": False if args.no_bonus_token else None}
-    config.update({k: v for k, v in overrides.items() if v is not None})
-    return config
-
-
-def sampling_params(args):
+def sampling_params(args: argparse.Namespace):
+    """The `SamplingParams` of the sampling flags (errors keep the API's field names)."""
     from specserve.sampling.params import SamplingParams
 
-    return SamplingParams(
-        n=args.n, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-        seed=args.seed, max_tokens=args.max_tokens, stop=tuple(args.stop),
-        stop_token_ids=tuple(args.stop_token_ids), ignore_eos=args.ignore_eos)
-
-
-def _json_object(flag: str, text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{flag} is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{flag} must be a JSON object, got {text!r}")
-    return value
+    return build(SamplingParams, args, exclude=SAMPLING_EXCLUDED, rename=False)
 
 
 def read_text_file(flag: str, path: str) -> str:
@@ -137,10 +73,9 @@ def cmd_generate(args) -> int:
     from specserve.llm import LLM
 
     params = sampling_params(args)
+    config = LLMConfig.from_args(args)
     prompt = read_prompt(args)
-    llm = LLM(args.model, dtype=args.dtype, speculative_config=speculative_config(args),
-              max_model_len=args.max_model_len, weights=args.weights,
-              kv_cache_dtype=args.kv_cache_dtype)
+    llm = LLM.from_config(config)
     print(f"# loaded {llm.target.path.name} in {llm.target.load_seconds:.1f}s", file=sys.stderr)
     if args.chat:
         outputs = llm.chat([{"role": "user", "content": prompt}], params)
@@ -173,7 +108,6 @@ def cmd_demo(args) -> int:
     """Target-only vs speculative on one prompt, side by side."""
     from specserve.llm import LLM
     from specserve.weights.loader import load_model
-    from specserve.sampling.params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     prompt = read_text_file("--prompt-file", args.prompt_file) if args.prompt_file else DEMO_PROMPT
@@ -208,8 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_download)
 
     p = sub.add_parser("generate", help="generate text for one prompt")
-    _model_args(p)
-    _sampling_args(p)
+    add_llm_flags(p)
+    add_flags(p.add_argument_group("sampling (OpenAI/vLLM names)"), SamplingParams,
+              defaults=GENERATE_SAMPLING, exclude=SAMPLING_EXCLUDED)
     p.add_argument("--prompt", default=None, help="prompt text ('-' or omitted: read stdin)")
     p.add_argument("--prompt-file", default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -217,14 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("demo", help="target-only vs speculative decoding on the default pair")
-    p.add_argument("--model", default=DEFAULT_TARGET)
-    p.add_argument("--draft-model", default=DEFAULT_DRAFT)
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
-    p.add_argument("--weights", default="auto", choices=["auto", "bf16", "float32", "int8", "int4"],
-                   help="auto (default): the default pair stays quantized (int4-style), the "
-                        "fast path, ~3x bf16's decode speed here")
-    p.add_argument("--num-speculative-tokens", "-k", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=128)
+    add_flags(p, LoadConfig)
+    add_flag(p, SpeculativeConfig, "model", default=DEFAULT_DRAFT)
+    add_flag(p, SpeculativeConfig, "num_speculative_tokens", default=4)
+    add_flag(p, SamplingParams, "max_tokens", default=128)
     p.add_argument("--prompt-file", default=None)
     p.set_defaults(func=cmd_demo)
 

@@ -2,7 +2,8 @@
 queued, so a bad value is a `ValueError` naming it and never a half-done call.
 
 - `check_llm_args`: the `LLM` constructor's arguments (model, dtype, weights, sizes, the
-  speculative config), checked before the target loads.
+  speculative config), checked before the target loads: the configuration tree
+  (`specserve.config.LLMConfig`) checks them, `check_draft` the loaded draft.
 - `check_generate_inputs`: prompts are a `str` or a list of `int` token ids (or a list of
   those); nothing else is taken for a prompt: `bytes`, bools, floats, numpy arrays and
   tuples are refused instead of being read as token ids. Strings must be valid Unicode.
@@ -13,15 +14,12 @@ queued, so a bad value is a `ValueError` naming it and never a half-done call.
 
 from __future__ import annotations
 
-import os
 from numbers import Integral
 
-import torch
-
-from specserve.weights.loader import DTYPES, LoadedModel
-from specserve.weights.quant import FORMATS
+from specserve.config import LLMConfig
+from specserve.weights.loader import LoadedModel
 from specserve.models.tokenizer import check_text
-from specserve.sampling.params import SamplingParams, require_int
+from specserve.sampling.params import SamplingParams
 from specserve.speculative.config import SpeculativeConfig
 
 Prompt = str | list[int]
@@ -31,22 +29,16 @@ def check_llm_args(model: object, dtype: object, speculative_config: object, max
                    max_model_len: object, draft: object, weights: object
                    ) -> SpeculativeConfig | None:
     """Validate `LLM(...)`'s arguments without loading anything; return the speculative config."""
-    if isinstance(model, os.PathLike):
-        model = os.fspath(model)
-    if not isinstance(model, (str, LoadedModel)) or (isinstance(model, str) and not model.strip()):
-        raise ValueError(f"model must be a model alias, a path or a LoadedModel, got {model!r}")
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    elif not isinstance(dtype, str) or dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    if not isinstance(weights, str) or weights not in FORMATS:
-        raise ValueError(f"weights must be one of {FORMATS}, got {weights!r}")
-    require_int("max_num_seqs", max_num_seqs, minimum=1)
-    require_int("max_model_len", max_model_len, minimum=2)
+    config = LLMConfig.from_kwargs(model, dtype, speculative_config, weights,
+                                   max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    check_draft(draft)
+    return config.speculative
+
+
+def check_draft(draft: object) -> None:
+    """`LLM(draft=...)`: an already loaded draft model, or None."""
     if draft is not None and not isinstance(draft, LoadedModel):
         raise ValueError(f"draft must be a LoadedModel or None, got {type(draft).__name__}")
-    return SpeculativeConfig.from_dict(speculative_config)
 
 
 def check_generate_inputs(prompts: object, sampling_params: object

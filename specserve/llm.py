@@ -10,14 +10,17 @@ calls go through it and run concurrently with each other and with its streams.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from specserve.engine.calibration import calibrate
-from specserve.engine.engine import EngineConfig, LLMEngine
+from specserve.config import LLMConfig
+from specserve.engine.config import EngineConfig
+from specserve.engine.engine import LLMEngine
 from specserve.engine.outputs import RequestOutput
 from specserve.engine.runner import ModelRunner, build_runners
-from specserve.inputs import check_conversations, check_generate_inputs, check_llm_args
+from specserve.inputs import check_conversations, check_draft, check_generate_inputs
 from specserve.weights.loader import LoadedModel, load_model
 from specserve.hub.registry import DEFAULT_TARGET
 from specserve.models.tokenizer import Tokenizer
@@ -37,24 +40,19 @@ class LLM:
 
     def __init__(self, model: str | Path | LoadedModel = DEFAULT_TARGET, dtype: str = "auto",
                  speculative_config: dict | SpeculativeConfig | None = None,
-                 max_num_seqs: int = 8, max_model_len: int = 4096,
                  draft: LoadedModel | None = None, weights: str = "auto",
-                 kv_cache_memory: int | None = None, max_num_batched_tokens: int = 256,
-                 enable_prefix_caching: bool = True, kv_cache_dtype: str = "auto") -> None:
-        self.spec = check_llm_args(model, dtype, speculative_config, max_num_seqs, max_model_len,
-                                   draft, weights)  # before anything loads
-        EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                     max_num_batched_tokens=max_num_batched_tokens,
-                     kv_cache_memory=kv_cache_memory, enable_prefix_caching=enable_prefix_caching,
-                     kv_cache_dtype=kv_cache_dtype)  # its checks, before loading
-        self.weights = weights
+                 **engine_options: object) -> None:
+        """`engine_options`: any `EngineConfig` field by name (`max_num_seqs=8`,
+        `max_model_len=4096`, `kv_cache_memory`, `max_num_batched_tokens=256`,
+        `enable_prefix_caching=True`, `kv_cache_dtype="auto"`). Everything is validated, as
+        one `LLMConfig`, before anything loads."""
+        self.config = LLMConfig.from_kwargs(model, dtype, speculative_config, weights,
+                                            **engine_options)
+        check_draft(draft)
+        self.spec, self.weights = self.config.speculative, weights
         self.target = model if isinstance(model, LoadedModel) else load_model(model, dtype, weights)
-        max_len = min(max_model_len, self.target.config.max_position)
-        config = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=max_len,
-                              max_num_batched_tokens=max_num_batched_tokens,
-                              kv_cache_memory=kv_cache_memory,
-                              enable_prefix_caching=enable_prefix_caching,
-                              kv_cache_dtype=kv_cache_dtype)
+        max_len = min(self.config.engine.max_model_len, self.target.config.max_position)
+        config = replace(self.config.engine, max_model_len=max_len)
         self.draft = draft
         if self.spec is not None and self.spec.method == "draft_model":
             self._load_draft(dtype)
@@ -72,6 +70,11 @@ class LLM:
             calibrate(self.engine)
         self._lock = threading.Lock()  # one generate/chat call drives the engine at a time
         self._driver = None  # an AsyncEngine running the engine: calls go through it
+
+    @classmethod
+    def from_config(cls, config: LLMConfig, draft: LoadedModel | None = None) -> LLM:
+        """The LLM of a configuration tree (e.g. `LLMConfig.from_args` of a command)."""
+        return cls(**config.kwargs(), draft=draft)
 
     @property
     def tokenizer(self) -> Tokenizer:

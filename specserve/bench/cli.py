@@ -10,8 +10,11 @@ from pathlib import Path
 
 from specserve.bench import peers, report, suites, workloads
 from specserve.bench.runner import Bench, BenchOptions, log, machine_info, summarize
-from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specserve.flags import add_flag, add_flags, build
+from specserve.hub.registry import DEFAULT_DRAFT
 from specserve.sampling.params import SamplingParams
+from specserve.speculative.config import SpeculativeConfig
+from specserve.weights.config import LoadConfig
 
 # what each optional part of the benchmark imports, and the extra that brings it
 OPTIONAL = {"plots": (("matplotlib",), "matplotlib"),
@@ -25,10 +28,9 @@ def add_parser(sub) -> None:
     p.add_argument("--suite", default="seed-table", help=f"one of {sorted(suites.SUITES)}")
     p.add_argument("--configs", default=None, help="JSON list of {name, spec, temperature, workloads} "
                    "instead of a suite")
-    p.add_argument("--model", default=DEFAULT_TARGET)
-    p.add_argument("--draft-model", default=DEFAULT_DRAFT)
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
-    p.add_argument("--weights", default="auto", choices=["auto", "bf16", "float32", "int8", "int4"])
+    add_flags(p, LoadConfig)
+    add_flag(p, SpeculativeConfig, "model", default=DEFAULT_DRAFT)
+    add_flags(p.add_argument_group("timing"), BenchOptions)
     p.add_argument("--workloads", nargs="*", default=None, help="restrict to these workload names")
     p.add_argument("--list-workloads", action="store_true",
                    help="list the shipped workloads and exit")
@@ -37,14 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-file", action="append", default=[], metavar="NAME=PATH",
                    help="a workload of your own, or a replacement for a shipped one (repeatable); "
                    "a suite runs every config on it, a --configs list only where a config names it")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--no-bonus-rows", action="store_true", help="seed-table: skip the no-bonus rows")
-    p.add_argument("--no-quality", action="store_true", help="skip NLL scoring")
-    p.add_argument("--prefix-caching", action="store_true",
-                   help="keep the prefix cache on between timed calls (off by default: every call "
-                   "prefills its whole prompt, as the peers do)")
     p.add_argument("--compare", action="append", default=[], choices=["transformers", "llama.cpp", "openvino"])
     p.add_argument("--no-assisted", action="store_true",
                    help="--compare transformers: skip assisted generation (no draft model)")
@@ -144,7 +139,7 @@ def cmd_concurrency(args) -> int:
     draft = load_model(args.draft_model, args.dtype, args.weights)
     log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s) and {draft.path.name} "
         f"({draft.load_seconds:.1f}s)")
-    bench = Bench(target, draft, BenchOptions(max_tokens=args.max_tokens))
+    bench = Bench(target, draft, build(BenchOptions, args))
     longest = max(len(bench.prompt_ids(t)) for t in texts) + 16
     llms = []
     for cfg in configs:
@@ -203,8 +198,7 @@ def cmd_bench(args) -> int:
 
     from specserve.weights.loader import load_model
 
-    options = BenchOptions(max_tokens=args.max_tokens, repeats=args.repeats, seeds=args.seeds,
-                           quality=not args.no_quality, prefix_caching=args.prefix_caching)
+    options = build(BenchOptions, args)
     target = load_model(args.model, args.dtype, args.weights)
     needs_draft = any(c.spec and c.spec.get("method", "draft_model") == "draft_model" for c in configs)
     wants_draft = needs_draft or ("transformers" in args.compare and not args.no_assisted)

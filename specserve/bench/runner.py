@@ -25,23 +25,33 @@ from specserve.bench.quality import distinct_n, target_nll
 from specserve.bench.suites import BenchConfig
 from specserve.llm import LLM
 from specserve.weights.loader import LoadedModel
-from specserve.sampling.params import SamplingParams
+from specserve.options import option
+from specserve.sampling.params import SamplingParams, require_bool, require_int
 
 
 WARMUP_PROMPT_TOKENS = 32
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BenchOptions:
-    max_tokens: int = 256
-    repeats: int = 3
-    seeds: int = 3
-    warmup_tokens: int = 8
-    quality: bool = True  # score NLL of each distinct output with the target
+    """How each configuration is timed; every field is also a `bench` flag."""
+
+    max_tokens: int = option(256, "new tokens per timed call (EOS ignored)")
+    repeats: int = option(3, "timed calls per seed")
+    seeds: int = option(3, "seeds per configuration and workload")
+    warmup_tokens: int = option(8, "new tokens of each configuration's warm-up call")
+    quality: bool = option(True, "score the NLL of each distinct output with the target")
     # off: every timed call prefills its whole prompt, as the peers' calls do (a repeated
     # prompt would otherwise come from the prefix cache and TTFT would measure nothing)
-    prefix_caching: bool = False
-    chat: bool = True
+    prefix_caching: bool = option(False, "keep the prefix cache on between timed calls (off: "
+                                  "every call prefills its whole prompt, as the peers do)")
+    chat: bool = option(True, "send the prompts through the chat template")
+
+    def __post_init__(self) -> None:
+        for name in ("max_tokens", "repeats", "seeds", "warmup_tokens"):
+            require_int(name, getattr(self, name), minimum=1)
+        for name in ("quality", "prefix_caching", "chat"):
+            require_bool(name, getattr(self, name))
 
 
 def machine_info(dtype: str) -> dict:

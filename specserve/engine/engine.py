@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.engine.config import EngineConfig
 from specserve.engine.output_processor import FINISH_ABORT, OutputProcessor
 from specserve.engine.cost_model import CostModel
 from specserve.engine.outputs import RequestDelta, SpeculationOverride, TokenOrigin
 from specserve.engine.runner import ModelRunner
 from specserve.engine.scheduler import Chunk, Scheduler, StepPlan
 from specserve.engine.sequence import Sequence, Status
-from specserve.models.kv_cache import check_kv_cache_dtype
 from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.params import SamplingParams
 from specserve.sampling.processors import processed_probs
@@ -32,41 +32,6 @@ from specserve.speculative.config import SpeculativeConfig
 from specserve.speculative.drafter import EMPTY, Drafter, Proposal
 from specserve.speculative.metrics import EngineMetrics
 from specserve.speculative.policies import FixedPolicy, make_policy
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """`max_num_batched_tokens`: target rows per step (decode and verify rows always run;
-    prefill chunks fill the rest). 256 by default: on a CPU a pass is compute-bound from a few
-    rows on (the native kernels take rows four at a time), so bigger chunks barely raise
-    prefill throughput while every running stream waits for the whole chunk; 256 rows keep
-    that wait near one second on the 1.5B int4 target. `kv_cache_memory`: bytes for the KV
-    caches of the target and the draft together (None: `default_kv_cache_memory()`).
-    `kv_cache_dtype`: "auto" (float16 for models on the native glue, the activations' dtype
-    elsewhere), "float32", "float16" or "bfloat16", for the target's and the draft's caches."""
-
-    max_num_seqs: int = 8
-    max_model_len: int = 4096
-    max_num_batched_tokens: int = 256
-    kv_cache_memory: int | None = None
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    kv_cache_dtype: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_model_len < 2:
-            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got "
-                             f"{self.max_num_batched_tokens}")
-        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
-            raise ValueError(f"kv_cache_memory must be > 0 bytes (or None: from available "
-                             f"RAM), got {self.kv_cache_memory}")
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        check_kv_cache_dtype(self.kv_cache_dtype)
 
 
 @dataclass(frozen=True, slots=True)

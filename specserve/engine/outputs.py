@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specserve.speculative.metrics import SpecMetrics
+from specserve.speculative.config import check_num_speculative_tokens
 
 
 class TokenOrigin:
@@ -50,10 +51,9 @@ class SpeculationOverride:
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
             raise ValueError(f"speculation.enabled must be a bool, got {self.enabled!r}")
-        k = self.num_speculative_tokens
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < -1):
-            raise ValueError("speculation.num_speculative_tokens must be an int >= -1 (or None), "
-                             f"got {k!r}")
+        if self.num_speculative_tokens is not None:
+            check_num_speculative_tokens("speculation.num_speculative_tokens",
+                                         self.num_speculative_tokens)
         tv = self.tv_budget
         if tv is not None and (isinstance(tv, bool) or not isinstance(tv, (int, float))
                                or not 0.0 <= tv <= 1.0):

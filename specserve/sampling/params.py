@@ -14,6 +14,9 @@ and bools are rejected everywhere but the two bool fields, which accept only rea
 API: the engine seeds completion i of a request with `seed + i` in a generator that takes
 [-2**63, 2**64), so every accepted seed is usable.
 
+Each field is declared with `option(default, help)` (see `specserve.options`), which is also
+its `generate` flag.
+
 `require_int`, `require_real` and `require_bool` are the checks every config of the
 package uses (`SpeculativeConfig`, the `LLM` constructor's arguments), so all of them word
 their errors the same way.
@@ -24,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from numbers import Integral, Real
+
+from specserve.options import option
 
 MAX_LOGPROBS = 20  # the OpenAI API's limit for `logprobs` / `top_logprobs`
 # Temperatures below this are greedy (as in vLLM): dividing float32 logits by them would
@@ -42,22 +47,24 @@ class SamplingParams:
     request (None: use the engine's).
     """
 
-    n: int = 1
-    temperature: float = 1.0
-    top_k: int = -1  # -1 (or 0 on input): disabled
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    max_tokens: int | None = 16
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    logprobs: int | None = None
-    tv_budget: float | None = None
-    include_stop_str_in_output: bool = False
+    n: int = option(1, "completions per prompt")
+    temperature: float = option(1.0, "0 = greedy")
+    top_k: int = option(-1, "keep the k most likely tokens (-1 or 0: disabled)")
+    top_p: float = option(1.0, "keep the smallest set of tokens whose probability reaches p")
+    min_p: float = option(0.0, "drop tokens below min_p times the most likely one's probability")
+    repetition_penalty: float = option(1.0, "divide the logits of tokens already seen (> 1)")
+    presence_penalty: float = option(0.0, "subtract from the logits of tokens already generated")
+    frequency_penalty: float = option(0.0, "subtract, per occurrence, from generated tokens' "
+                                      "logits")
+    seed: int | None = option(None, "the request's random seed")
+    max_tokens: int | None = option(16, "the most tokens to generate")
+    stop: tuple[str, ...] = option((), "stop string (repeatable)")
+    stop_token_ids: tuple[int, ...] = option((), "token ids that stop the generation",
+                                             nargs="*")
+    ignore_eos: bool = option(False, "keep generating past the end-of-sequence token")
+    logprobs: int | None = option(None, "the log-probabilities of this many most likely tokens")
+    tv_budget: float | None = option(None, "this request's mentored decoding budget D")
+    include_stop_str_in_output: bool = option(False, "keep the stop string in the text")
 
     def __post_init__(self) -> None:
         self._check_counts()

@@ -4,158 +4,74 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
-import os
-import re
 import signal
 import time
 
-from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specserve.config import LLMConfig, add_llm_flags, speculative_config  # noqa: F401 (re-exported)
+from specserve.engine.config import EngineConfig
+from specserve.flags import add_flags, build, convert
+from specserve.hub.registry import DEFAULT_DRAFT
+from specserve.server.config import ServerConfig
 
 log = logging.getLogger("specserve.server")
 DESCRIPTION = """An OpenAI-compatible server. With no arguments it serves the default pair
 (int4 target, int4 draft, cost-aware lossless speculation) on 127.0.0.1:8000. On SIGTERM (or
 Ctrl-C) it stops accepting, lets in-flight requests finish within --shutdown-timeout seconds,
 aborts the rest (their streams end with finish_reason "abort"), and exits 0."""
-SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-         "KI": 1 << 10, "MI": 1 << 20, "GI": 1 << 30, "TI": 1 << 40}
+# the default speculation: the default draft, k chosen per round by the cost-aware policy
+SPECULATION = {"method": "draft_model", "model": DEFAULT_DRAFT, "num_speculative_tokens": -1}
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat, completions, streaming, "
                        "metrics)", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=DEFAULT_TARGET, help="target: alias, GGUF file or HF directory "
-                   f"(default {DEFAULT_TARGET})")
-    p.add_argument("--served-model-name", default=None, help="the name clients send as `model` "
-                   "(default: --model as given)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"])
-    p.add_argument("--weights", default="auto", choices=["auto", "bf16", "float32", "int8", "int4"],
-                   help="auto (default, the fast path): a quantized GGUF file stays quantized "
-                        "(int4-style), a float checkpoint loads bf16")
-    g = p.add_argument_group("speculative decoding (default: draft model "
-                             f"{DEFAULT_DRAFT}, cost-aware k, lossless)")
-    g.add_argument("--draft-model", default=None, help="the draft: alias, GGUF file or HF directory")
-    g.add_argument("--speculative-config", default=None,
-                   help='JSON in vLLM\'s shape, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
-    g.add_argument("--no-speculation", action="store_true", help="plain target decoding only")
-    g = p.add_argument_group("capacity")
-    g.add_argument("--max-num-seqs", type=int, default=8, help="requests decoded together")
-    g.add_argument("--max-model-len", type=int, default=4096, help="context length (prompt + output)")
-    g.add_argument("--kv-cache-memory", default=None, help="KV cache budget, e.g. 2GiB "
-                   "(default: the engine's, from available RAM)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="token budget per engine step (prefill chunks + decode rows)")
-    g.add_argument("--kv-cache-dtype", default="auto",
-                   choices=["auto", "float32", "float16", "bfloat16"],
-                   help="KV cache dtype (auto: float16 on the native kernels, else the "
-                        "activations' dtype)")
-    g = p.add_argument_group("HTTP")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--api-key", default=os.environ.get("SPECSERVE_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1/ routes (default: "
-                        "$SPECSERVE_API_KEY; none: open)")
-    g.add_argument("--max-request-bytes", type=int, default=4 << 20, help="largest request body")
-    g.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds in-flight requests get to finish after SIGTERM")
-    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    g.add_argument("--no-access-log", action="store_true")
-    g = p.add_argument_group("replicas (Ray Serve; needs `pip install specserve[ray]`)")
-    g.add_argument("--replicas", type=int, default=None, help="serve N engine replicas as Ray Serve "
-                   "deployments behind this one endpoint (default: one engine in this process, no Ray)")
-    g.add_argument("--ray-address", default=None, help="join this Ray cluster (e.g. ray://head:10001 "
-                   "or auto) instead of starting a local Ray instance")
+    add_llm_flags(p, SPECULATION, title=f"speculative decoding (default: draft model "
+                  f"{DEFAULT_DRAFT}, cost-aware k, lossless)")
+    add_flags(p.add_argument_group("HTTP, shutdown and replicas (Ray Serve; needs "
+                                   "`pip install specserve[ray]`)"), ServerConfig)
     p.set_defaults(func=cmd_serve)
 
 
-def speculative_config(args) -> dict | None:
-    """The speculative config the flags ask for (ValueError on contradictory flags)."""
-    if args.no_speculation:
-        if args.draft_model or args.speculative_config:
-            raise ValueError("--no-speculation contradicts --draft-model / --speculative-config")
-        return None
-    if args.speculative_config:
-        try:
-            config = json.loads(args.speculative_config)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
-        if not isinstance(config, dict):
-            raise ValueError("--speculative-config must be a JSON object")
-        if args.draft_model:
-            config = {**config, "method": "draft_model", "model": args.draft_model}
-        return config
-    return {"method": "draft_model", "model": args.draft_model or DEFAULT_DRAFT,
-            "num_speculative_tokens": -1}
-
-
 def parse_size(text: str | None) -> int | None:
-    """'2GiB' → 2147483648; '500MB' → 500000000; '1024' → 1024 bytes."""
-    if text is None:
-        return None
-    m = SIZE.match(text)
-    if not m:
-        raise ValueError(f"--kv-cache-memory must be a size like 2GiB or 512MiB, got {text!r}")
-    unit = (m.group(2) or "").upper().removesuffix("B")
-    return int(float(m.group(1)) * UNITS[unit])
-
-
-def check_args(args) -> None:
-    for name in ("port", "max_num_seqs", "max_model_len", "max_request_bytes", "max_num_batched_tokens"):
-        value = getattr(args, name)
-        if value is not None and value < (0 if name == "port" else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    if args.port > 65535:
-        raise ValueError(f"--port must be <= 65535, got {args.port}")
-    if not args.shutdown_timeout >= 0:
-        raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
-    if args.api_key is not None and not args.api_key.strip():
-        raise ValueError("--api-key must not be empty")
-    if args.replicas is not None and args.replicas < 1:
-        raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
-    if args.ray_address is not None and args.replicas is None:
-        raise ValueError("--ray-address needs --replicas")
+    """`--kv-cache-memory`'s text as bytes: '2GiB' → 2147483648; '500MB' → 500000000."""
+    return None if text is None else convert(EngineConfig, "kv_cache_memory", text)
 
 
 def cmd_serve(args) -> int:
-    check_args(args)
-    spec = speculative_config(args)
-    kv_bytes = parse_size(args.kv_cache_memory)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
+    server = build(ServerConfig, args)
+    config = LLMConfig.from_args(args)
+    logging.basicConfig(level=server.log_level.upper(), format="%(levelname)s:     %(message)s")
     from specserve.engine.async_engine import AsyncEngine
     from specserve.llm import LLM
     from specserve.server.app import build_app
     from specserve.server.preparation import ModelLimits
 
-    budgets = {k: v for k, v in (("kv_cache_memory", kv_bytes),
-                                 ("max_num_batched_tokens", args.max_num_batched_tokens),
-                                 ("kv_cache_dtype", args.kv_cache_dtype)) if v is not None}
-    if args.replicas is not None:  # Ray is imported only here
+    if server.replicas is not None:  # Ray is imported only here
         from specserve.server.replicas.launch import serve_replicas
-        return serve_replicas(args, spec, budgets)
+        return serve_replicas(server, config)
     start = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, speculative_config=spec, max_num_seqs=args.max_num_seqs,
-              max_model_len=args.max_model_len, weights=args.weights, **budgets)
+    llm = LLM.from_config(config)
     draft = f" + draft {llm.draft.path.name}" if llm.draft is not None else ""
     log.info("specserve: loaded %s%s (%s weights, speculation %s) in %.1f s", llm.target.path.name,
-             draft, args.weights, spec or "off", time.perf_counter() - start)
+             draft, config.load.weights, config.speculative or "off", time.perf_counter() - start)
     engine = AsyncEngine.from_llm(llm)
-    limits = ModelLimits(args.served_model_name or str(args.model), llm.engine.config.max_model_len,
-                         llm.target.config.vocab_size, llm.spec is not None)
-    app, state = build_app(engine, llm.tokenizer, limits, args.api_key, args.max_request_bytes)
+    limits = ModelLimits(server.served_model_name or str(config.load.model),
+                         llm.engine.config.max_model_len, llm.target.config.vocab_size,
+                         llm.spec is not None)
+    app, state = build_app(engine, llm.tokenizer, limits, server.api_key, server.max_request_bytes)
     try:
-        asyncio.run(_serve(app, state, args))
+        asyncio.run(_serve(app, state, server))
     finally:
         engine.shutdown(0)
     return 0
 
 
-async def _serve(app, state, args) -> None:
+async def _serve(app, state, args: ServerConfig) -> None:
     import uvicorn
 
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            access_log=not args.no_access_log, lifespan="off",
+                            access_log=args.access_log, lifespan="off",
                             timeout_graceful_shutdown=args.shutdown_timeout + 5)
     server = uvicorn.Server(config)
     drain = asyncio.create_task(_drain_on_exit(server, state, args))
@@ -170,7 +86,7 @@ async def _serve(app, state, args) -> None:
         drain.cancel()
 
 
-async def _drain_on_exit(server, state, args) -> None:
+async def _drain_on_exit(server, state, args: ServerConfig) -> None:
     """Once uvicorn is asked to exit: refuse new requests, give in-flight ones their time, abort
     the rest. uvicorn meanwhile stops accepting connections and waits for open ones to finish."""
     while not server.started and not server.should_exit:

@@ -9,6 +9,10 @@ cross-field rules (`prompt_lookup_min <= prompt_lookup_max`, a draft model for
 `prefill_window`: when a sequence's draft model starts (deferred until its policy first
 wants to draft: see `draft_model`), it is fed at most the newest `prefill_window` tokens of
 the context (None: all of them), which bounds what starting the drafter costs.
+
+Each field is declared with `option(default, help, ...)` (see `specserve.options`); that
+declaration is also its command-line flag on `generate` and `serve` (laid over
+`--speculative-config`), so a new field is one line here plus its check in `__post_init__`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from specserve.options import option
 from specserve.weights.loader import DTYPES
 from specserve.sampling.params import require_bool, require_int, require_real
 from specserve.speculative.draft_model import DEFAULT_PREFILL_WINDOW
@@ -29,26 +34,31 @@ MAX_SPECULATIVE_TOKENS = 16
 class SpeculativeConfig:
     """`num_speculative_tokens=-1` lets the cost-aware policy choose k per round (0..max_k)."""
 
-    method: str = "draft_model"
-    model: str | None = None  # the draft model (alias, GGUF file or HF directory)
-    num_speculative_tokens: int = 4
-    tv_budget: float = 0.0
-    bonus_token: bool = True
-    draft_policy: str | None = None  # None: "fixed", or "cost_aware" when k == -1
-    max_k: int = 8  # upper bound for adaptive policies
-    prompt_lookup_max: int = 4
-    prompt_lookup_min: int = 1
-    disable_by_batch_size: int | None = None
-    draft_dtype: str | None = None  # None: the target's dtype
-    prefill_window: int | None = DEFAULT_PREFILL_WINDOW  # newest tokens the draft starts from
+    method: str = option("draft_model", "the drafting method", choices=METHODS,
+                         flag="--speculative-method")
+    model: str | None = option(None, "the draft model: alias, GGUF file or HF directory "
+                               "(implies method draft_model)", flag="--draft-model")
+    num_speculative_tokens: int = option(4, "k, the tokens drafted per round; -1 lets the "
+                                         "cost-aware policy choose", short="-k")
+    tv_budget: float = option(0.0, "mentored decoding budget D in [0, 1] (0: lossless)")
+    bonus_token: bool = option(True, "sample the bonus token when every draft is accepted")
+    draft_policy: str | None = option(None, "how k is chosen per round (default: fixed, or "
+                                      "cost_aware when k is -1)", choices=POLICIES)
+    max_k: int = option(8, "upper bound on k for the adaptive policies")
+    prompt_lookup_max: int = option(4, "ngram: the longest suffix looked up in the context")
+    prompt_lookup_min: int = option(1, "ngram: the shortest suffix looked up in the context")
+    disable_by_batch_size: int | None = option(
+        None, "draft nothing while this many or more sequences are running")
+    draft_dtype: str | None = option(None, "the draft's dtype (default: the target's)",
+                                     choices=DTYPES)
+    prefill_window: int | None = option(
+        DEFAULT_PREFILL_WINDOW, "newest context tokens a starting draft is fed")
 
     def __post_init__(self) -> None:
         self._check_method()
-        k = require_int("num_speculative_tokens", self.num_speculative_tokens)
-        if not (k == -1 or 0 <= k <= MAX_SPECULATIVE_TOKENS):
-            raise ValueError(f"num_speculative_tokens must be -1 (adaptive) or "
-                             f"0..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
-        self._set("num_speculative_tokens", k)
+        self._set("num_speculative_tokens",
+                  check_num_speculative_tokens("num_speculative_tokens",
+                                               self.num_speculative_tokens))
         budget = require_real("tv_budget", self.tv_budget)
         if not 0.0 <= budget <= 1.0:
             raise ValueError(f"tv_budget must be in [0, 1], got {self.tv_budget!r}")
@@ -111,6 +121,16 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config has unknown fields {sorted(map(str, unknown))}; "
                              f"known: {sorted(known)}")
         return SpeculativeConfig(**d)
+
+
+def check_num_speculative_tokens(name: str, k: object) -> int:
+    """k as an int: -1 (adaptive) or 0..MAX_SPECULATIVE_TOKENS; ValueError naming `name`. The
+    one check of k, for the engine's config and for a request's override alike."""
+    k = require_int(name, k)
+    if not (k == -1 or 0 <= k <= MAX_SPECULATIVE_TOKENS):
+        raise ValueError(f"{name} must be -1 (adaptive) or 0..{MAX_SPECULATIVE_TOKENS}, "
+                         f"got {k!r}")
+    return k
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

@@ -13,10 +13,14 @@ import asyncio
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from specserve.config import LLMConfig
+from specserve.server.config import ServerConfig
 
 log = logging.getLogger("specserve.server")
 APP_NAME = "specserve"
@@ -31,15 +35,17 @@ def _local_path(name):
     return str(Path(name).resolve()) if name is not None and Path(name).exists() else name
 
 
-def llm_kwargs(args, spec: dict | None, budgets: dict) -> dict:
-    if spec is not None and spec.get("model") is not None:
-        spec = {**spec, "model": _local_path(spec["model"])}
-    return dict(model=_local_path(str(args.model)), dtype=args.dtype, speculative_config=spec,
-                max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                weights=args.weights, **budgets)
+def llm_kwargs(config: LLMConfig) -> dict:
+    """`LLM(...)`'s keyword arguments for each replica, model paths made absolute."""
+    spec = config.speculative
+    if spec is not None and spec.model is not None:
+        spec = replace(spec, model=_local_path(spec.model))
+    return dict(config.kwargs(), model=_local_path(str(config.load.model)),
+                speculative_config=spec)
 
 
-def serve_replicas(args, spec: dict | None, budgets: dict) -> int:
+def serve_replicas(args: ServerConfig, config: LLMConfig) -> int:
+    """Serve `config`'s LLM as `args.replicas` Ray Serve replicas behind one HTTP app."""
     try:
         import ray
         from ray import serve
@@ -70,18 +76,18 @@ def serve_replicas(args, spec: dict | None, budgets: dict) -> int:
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)) // args.replicas)
         deployment = serve.deployment(
             EngineReplica, name="EngineReplica", num_replicas=args.replicas,
-            ray_actor_options={"num_cpus": cpus}, max_ongoing_requests=2 * args.max_num_seqs,
+            ray_actor_options={"num_cpus": cpus}, max_ongoing_requests=2 * config.engine.max_num_seqs,
             request_router_config=RequestRouterConfig(request_router_class=PrefixAffinityRouter),
             health_check_period_s=HEALTH_CHECK_PERIOD_S, graceful_shutdown_wait_loop_s=0.5,
             graceful_shutdown_timeout_s=args.shutdown_timeout + 5,
             logging_config={"log_level": args.log_level.upper(),
-                            "enable_access_log": not args.no_access_log})
-        handle = serve.run(deployment.bind(llm_kwargs(args, spec, budgets), board), name=APP_NAME,
+                            "enable_access_log": args.access_log})
+        handle = serve.run(deployment.bind(llm_kwargs(config), board), name=APP_NAME,
                            route_prefix=None)
         model = handle.describe.remote().result()
         log.info("specserve: %d replica(s) of %s (%d CPU each) ready in %.1f s", args.replicas,
-                 args.model, cpus, time.perf_counter() - start)
-        limits = ModelLimits(args.served_model_name or str(args.model), model["max_model_len"],
+                 config.load.model, cpus, time.perf_counter() - start)
+        limits = ModelLimits(args.served_model_name or str(config.load.model), model["max_model_len"],
                              model["vocab_size"], model["speculative"])
         pool = ReplicaPool(handle, board)
         app, state = build_app(pool, model["tokenizer"], limits, args.api_key, args.max_request_bytes)

@@ -1,0 +1,47 @@
+"""`EngineConfig`: the engine's sizes and budgets, each declared once as an option (see
+`specserve.options`), validated in `__post_init__` with a `ValueError` naming the field.
+
+`max_num_batched_tokens`: target rows per step (decode and verify rows always run; prefill
+chunks fill the rest). On a CPU a pass is compute-bound from a few rows on (the native kernels
+take rows four at a time), so bigger chunks barely raise prefill throughput while every running
+stream waits for the whole chunk. `kv_cache_memory`: bytes for the KV caches of the target and
+the draft together (None: `default_kv_cache_memory()`). `kv_cache_dtype`: "auto" (float16 for
+models on the native glue, the activations' dtype elsewhere), "float32", "float16" or
+"bfloat16", for the target's and the draft's caches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specserve.models.kv_cache import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPES, check_kv_cache_dtype
+from specserve.options import option, parse_size
+from specserve.sampling.params import require_bool, require_int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    max_num_seqs: int = option(8, "requests decoded together")
+    max_model_len: int = option(4096, "context length (prompt + output)")
+    max_num_batched_tokens: int = option(
+        256, "token budget per engine step (prefill chunks + decode rows)")
+    kv_cache_memory: int | None = option(
+        None, "KV cache budget, e.g. 2GiB (default: from available RAM)", parse=parse_size)
+    block_size: int = option(DEFAULT_BLOCK_SIZE, "tokens per KV block", cli=False)
+    enable_prefix_caching: bool = option(
+        True, "reuse the KV blocks of a prompt prefix already computed", flag="--prefix-caching")
+    kv_cache_dtype: str = option("auto", "KV cache dtype (auto: float16 on the native kernels, "
+                                 "else the activations' dtype)", choices=KV_CACHE_DTYPES)
+
+    def __post_init__(self) -> None:
+        require_int("max_num_seqs", self.max_num_seqs, minimum=1)
+        require_int("max_model_len", self.max_model_len, minimum=2)
+        require_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
+        if self.kv_cache_memory is not None:
+            memory = require_int("kv_cache_memory", self.kv_cache_memory)
+            if memory <= 0:
+                raise ValueError(f"kv_cache_memory must be > 0 bytes (or None: from available "
+                                 f"RAM), got {memory}")
+        require_int("block_size", self.block_size, minimum=1)
+        require_bool("enable_prefix_caching", self.enable_prefix_caching)
+        check_kv_cache_dtype(self.kv_cache_dtype)
