@@ -3,8 +3,10 @@
 A call is all or nothing: every input is validated before anything is queued, and an
 exception or interrupt inside a call aborts exactly that call's requests, leaving the object
 ready for the next call. Calls from several threads on one `LLM` are serialized (one runs at a
-time, each gets its own results) — unless an `AsyncEngine.from_llm(llm)` runs the engine: then
-calls go through it and run concurrently with each other and with its streams.
+time, each gets its own results) — unless `llm.async_engine()` runs the engine on a thread: then
+calls go through that AsyncEngine and run concurrently with each other and with its streams,
+until it shuts down. The LLM creates and tracks its AsyncEngine; the AsyncEngine knows nothing
+of the LLM.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
 
+from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.calibration import calibrate
 from specserve.config import LLMConfig
 from specserve.engine.config import EngineConfig
@@ -29,9 +31,6 @@ from specserve.speculative.config import MAX_SPECULATIVE_TOKENS, SpeculativeConf
 from specserve.speculative.draft_model import DraftModelDrafter
 from specserve.speculative.drafter import Drafter
 from specserve.speculative.ngram import NgramDrafter
-
-if TYPE_CHECKING:
-    from specserve.engine.async_engine import AsyncEngine
 
 
 class LLM:
@@ -126,19 +125,15 @@ class LLM:
     def _encode(self, prompt: str | list[int]) -> list[int]:
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
-    def drive_with(self, make_driver: Callable[[], AsyncEngine] | None,
-                   driver: AsyncEngine | None = None) -> AsyncEngine | None:
-        """Hand the engine to an AsyncEngine (`make_driver()` builds it once no call is in
-        flight), or take it back (`make_driver` None, from the `driver` that had it)."""
+    def async_engine(self) -> AsyncEngine:
+        """An AsyncEngine that runs this LLM's engine on its thread, started once no call is in
+        flight; `generate`/`chat` go through it (concurrently) until it is shut down, then run
+        here again."""
         with self._lock:
-            if make_driver is None:
-                if self._driver is driver:
-                    self._driver = None
-                return None
-            if self._driver is not None:
+            if self._driver is not None and not self._driver.stopped:
                 raise RuntimeError("an AsyncEngine already runs this LLM's engine; shut it "
                                    "down first")
-            self._driver = make_driver()
+            self._driver = AsyncEngine(self.engine)
             return self._driver
 
     def _generate(self, requests: list[tuple[list[int], SamplingParams, str | None]]
@@ -147,10 +142,11 @@ class LLM:
         (concurrently with other calls), else here, one call at a time."""
         while True:
             driver = self._driver
-            if driver is not None:
+            if driver is not None and not driver.stopped:
                 return driver.generate(requests)
             with self._lock:
-                if self._driver is None:  # (not handed over while this call waited)
+                if self._driver is driver:  # (no AsyncEngine started while this call waited)
+                    self._driver = None
                     return self._run_here(requests)
 
     def _run_here(self, requests: list[tuple[list[int], SamplingParams, str | None]]

@@ -16,39 +16,30 @@ import logging
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
+from specserve.engine.client import EngineClosed, EngineError
 from specserve.engine.engine import LLMEngine
 from specserve.engine.outputs import EngineStats, RequestDelta, RequestOutput, SpeculationOverride
 from specserve.sampling.params import SamplingParams
 
-if TYPE_CHECKING:
-    from specserve.llm import LLM
-
+__all__ = ["AsyncEngine", "EngineClosed", "EngineError", "engine_stats"]
 log = logging.getLogger(__name__)
 
 DeltaCallback = Callable[[RequestDelta], None]
 
 
-class EngineError(RuntimeError):
-    """A request failed inside the engine (the cause is chained)."""
-
-
-class EngineClosed(RuntimeError):
-    """The engine is shutting down and takes no new requests."""
-
-
 class AsyncEngine:
     """Runs an LLMEngine's steps on a background thread; add/abort from any thread or asyncio.
 
-    E.g. `engine = AsyncEngine.from_llm(LLM(...))`, then in a coroutine
+    E.g. `engine = LLM(...).async_engine()`, then in a coroutine
     `async for delta in engine.stream("Hello", SamplingParams(max_tokens=32)): ...`.
     While it runs an LLM's engine, that LLM's `generate`/`chat` go through it too (so they run
-    concurrently with streams and with each other), until `shutdown`."""
+    concurrently with streams and with each other), until `shutdown`. It implements
+    `EngineClient`."""
 
-    def __init__(self, engine: LLMEngine, owner: "LLM | None" = None) -> None:
+    def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self._owner = owner  # the LLM whose calls come through this engine while it runs
         self._callbacks: dict[str, DeltaCallback] = {}
         self._lock = threading.Lock()  # guards _callbacks
         self._wake = threading.Condition()  # work arrived / a step ended
@@ -58,10 +49,11 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
         self._thread.start()
 
-    @classmethod
-    def from_llm(cls, llm: "LLM") -> "AsyncEngine":
-        """Drive `llm`'s engine (after any `generate` call in flight has returned)."""
-        return llm.drive_with(lambda: cls(llm.engine, owner=llm))
+    @staticmethod
+    def from_llm(llm) -> AsyncEngine:
+        """`llm.async_engine()`: the LLM creates and tracks the AsyncEngine that runs its
+        engine. (Kept for existing callers; `LLM.async_engine` is the way.)"""
+        return llm.async_engine()
 
     # ------------------------------------------------------------------ requests
     def add(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
@@ -165,6 +157,15 @@ class AsyncEngine:
         """The engine's state after its last step (running, waiting, KV use, speculation)."""
         return self._stats
 
+    def health(self) -> bool:
+        """True while it takes requests and its thread runs."""
+        return not self._closing and self._thread.is_alive()
+
+    @property
+    def stopped(self) -> bool:
+        """True once its thread has ended (shut down, or died): it runs its engine no more."""
+        return not self._thread.is_alive()
+
     def shutdown(self, timeout: float | None = None) -> None:
         """Take no new requests; let the ones in flight finish for up to `timeout` seconds
         (None: as long as they need), then abort the rest ("abort") and stop the thread."""
@@ -182,8 +183,6 @@ class AsyncEngine:
             self._stopping = True
             self._wake.notify_all()
         self._thread.join()
-        if self._owner is not None:
-            self._owner.drive_with(None, driver=self)
 
     # ------------------------------------------------------------------ the thread
     def _notify(self) -> None:

@@ -1,8 +1,9 @@
 """The FastAPI app: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`,
 `/metrics`, the OpenAPI schema (`/openapi.json`, `/docs`) and the chat page (`/`, from `static/`).
 
-`build_app` takes a running `AsyncEngine` and what the routes need to know about the model; it
-loads nothing, so tests and other front ends can build one around any engine.
+`build_app` takes a running `EngineClient` (an `AsyncEngine`, or a `ReplicaPool`) and what the
+routes need to know about the model; it loads nothing, so tests and other front ends can build
+one around any engine.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
-from specserve.engine.async_engine import EngineClosed, EngineError
+from specserve.engine.client import EngineClient, EngineClosed, EngineError
 from specserve.engine.outputs import RequestOutput
 from specserve.models.tokenizer import Tokenizer
 from specserve.server import errors, sse
 from specserve.server.errors import APIError, from_value_error
+from specserve.server.config import DEFAULT_MAX_BODY_BYTES
 from specserve.server.guard import Guard
 from specserve.server.metrics import CONTENT_TYPE, ServerMetrics
 from specserve.server.preparation import Job, ModelLimits, chat_jobs, completion_jobs
@@ -35,7 +37,6 @@ log = logging.getLogger("specserve.server")
 STATIC = Path(__file__).with_name("static")  # the chat page at `/` (issue 17): plain HTML/CSS/JS
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:",
                 "Cache-Control": "no-cache"}
-DEFAULT_MAX_BODY_BYTES = 4 << 20
 ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in [
     (400, "invalid request: malformed JSON, wrong type, out-of-range value, prompt or max_tokens "
           "beyond the context"),
@@ -50,7 +51,7 @@ STREAM_DOC = {"description": "the response; with `stream: true`, server-sent eve
 class ServerState:
     """What the routes share. `accepting` turns False when the server starts shutting down."""
 
-    engine: object  # an AsyncEngine: stream / abort / stats / shutdown
+    engine: EngineClient
     tokenizer: Tokenizer
     limits: ModelLimits
     metrics: ServerMetrics
@@ -58,7 +59,7 @@ class ServerState:
     accepting: bool = True
 
 
-def build_app(engine, tokenizer: Tokenizer, limits: ModelLimits, api_key: str | None = None,
+def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, api_key: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> tuple[Guard, ServerState]:
     state = ServerState(engine, tokenizer, limits, ServerMetrics(engine.stats, limits.name))
     app = FastAPI(title="specserve", version="0.1.0", summary="OpenAI-compatible server with "
@@ -86,12 +87,14 @@ def build_app(engine, tokenizer: Tokenizer, limits: ModelLimits, api_key: str | 
 
     @app.get("/health", responses={503: ERRORS[503]})
     async def health() -> JSONResponse:
-        """200 while serving (with the speculative acceptance health flag), 503 once shutting down."""
+        """200 while serving (with the speculative acceptance health flag), 503 once shutting
+        down or once the engine cannot serve (its thread stopped, no replica is live)."""
         stats = state.engine.stats()
-        body = {"status": "ok" if state.accepting else "shutting_down",
-                "speculative_acceptance_healthy": stats.healthy,
+        serving = state.accepting and state.engine.health()
+        status = "ok" if serving else "unhealthy" if state.accepting else "shutting_down"
+        body = {"status": status, "speculative_acceptance_healthy": stats.healthy,
                 "running": stats.running, "waiting": stats.waiting}
-        return JSONResponse(body, status_code=200 if state.accepting else 503)
+        return JSONResponse(body, status_code=200 if serving else 503)
 
     @app.get("/metrics", response_class=Response,
              responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}})

@@ -1,11 +1,11 @@
-"""`specserve serve`: flags, loading the model pair, running uvicorn, and a graceful SIGTERM."""
+"""`specserve serve`: its flags (`LLMConfig`'s and `ServerConfig`'s), loading the model pair, and
+handing the app to the run loop (`server/run.py`), in this process or over Ray replicas."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
-import signal
 import time
 
 from specserve.config import LLMConfig, add_llm_flags, speculative_config  # noqa: F401 (re-exported)
@@ -42,10 +42,10 @@ def cmd_serve(args) -> int:
     server = build(ServerConfig, args)
     config = LLMConfig.from_args(args)
     logging.basicConfig(level=server.log_level.upper(), format="%(levelname)s:     %(message)s")
-    from specserve.engine.async_engine import AsyncEngine
     from specserve.llm import LLM
     from specserve.server.app import build_app
     from specserve.server.preparation import ModelLimits
+    from specserve.server.run import run_app
 
     if server.replicas is not None:  # Ray is imported only here
         from specserve.server.replicas.launch import serve_replicas
@@ -55,50 +55,13 @@ def cmd_serve(args) -> int:
     draft = f" + draft {llm.draft.path.name}" if llm.draft is not None else ""
     log.info("specserve: loaded %s%s (%s weights, speculation %s) in %.1f s", llm.target.path.name,
              draft, config.load.weights, config.speculative or "off", time.perf_counter() - start)
-    engine = AsyncEngine.from_llm(llm)
+    engine = llm.async_engine()
     limits = ModelLimits(server.served_model_name or str(config.load.model),
                          llm.engine.config.max_model_len, llm.target.config.vocab_size,
                          llm.spec is not None)
     app, state = build_app(engine, llm.tokenizer, limits, server.api_key, server.max_request_bytes)
     try:
-        asyncio.run(_serve(app, state, server))
+        asyncio.run(run_app(app, state, server))
     finally:
         engine.shutdown(0)
     return 0
-
-
-async def _serve(app, state, args: ServerConfig) -> None:
-    import uvicorn
-
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            access_log=args.access_log, lifespan="off",
-                            timeout_graceful_shutdown=args.shutdown_timeout + 5)
-    server = uvicorn.Server(config)
-    drain = asyncio.create_task(_drain_on_exit(server, state, args))
-    # uvicorn restores the handlers it found and then re-raises the signal it caught: let that
-    # land on a handler that does nothing, so a SIGTERM ends in a clean exit 0
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
-    try:
-        await server.serve()
-        await drain
-    finally:
-        drain.cancel()
-
-
-async def _drain_on_exit(server, state, args: ServerConfig) -> None:
-    """Once uvicorn is asked to exit: refuse new requests, give in-flight ones their time, abort
-    the rest. uvicorn meanwhile stops accepting connections and waits for open ones to finish."""
-    while not server.started and not server.should_exit:
-        await asyncio.sleep(0.05)
-    if server.started:
-        log.info("specserve: serving %r on http://%s:%d (OpenAPI schema at /openapi.json)",
-                 state.limits.name, args.host, args.port)
-    while not server.should_exit:
-        await asyncio.sleep(0.05)
-    state.accepting = False
-    stats = state.engine.stats()
-    log.info("specserve: shutting down; %d running and %d waiting requests get %.0f s to finish",
-             stats.running, stats.waiting, args.shutdown_timeout)
-    await asyncio.to_thread(state.engine.shutdown, args.shutdown_timeout)
-    log.info("specserve: engine stopped")

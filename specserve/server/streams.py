@@ -8,13 +8,14 @@ from typing import AsyncIterator, Awaitable, TypeVar
 
 from starlette.requests import Request
 
+from specserve.engine.client import EngineClient
 from specserve.engine.outputs import RequestDelta
 from specserve.server.preparation import Job
 
 T = TypeVar("T")
 
 
-async def engine_stream(engine, job: Job, request_id: str) -> AsyncIterator[RequestDelta]:
+async def engine_stream(engine: EngineClient, job: Job, request_id: str) -> AsyncIterator[RequestDelta]:
     """The engine's deltas for one job. Leaving early (an error, a cancelled task, a closed
     generator) aborts the request."""
     finished = False
@@ -32,7 +33,7 @@ async def engine_stream(engine, job: Job, request_id: str) -> AsyncIterator[Requ
         await stream.aclose()
 
 
-async def merged(engine, jobs: list[Job], request_id: str) -> AsyncIterator[tuple[int, RequestDelta]]:
+async def merged(engine: EngineClient, jobs: list[Job], request_id: str) -> AsyncIterator[tuple[int, RequestDelta]]:
     """`(job index, delta)` from all jobs' streams as they come (one job: no tasks needed)."""
     if len(jobs) == 1:
         async for delta in engine_stream(engine, jobs[0], request_id):

@@ -51,23 +51,11 @@ import torch
 from specserve.sampling.params import SamplingParams
 from specserve.sampling.processors import needs_history, processed_probs
 from specserve.sampling.rejection import sample_from
-from specserve.speculative.drafter import EMPTY, Proposal
+from specserve.speculative.drafter import EMPTY, DraftSequence, Proposal
 
 DEFAULT_MAX_CATCHUP = 4  # newest unseen tokens fed before drafting; older ones are skipped
 DEFAULT_MAX_PREFILL_TOKENS = 256  # draft prefill positions per call
 DEFAULT_PREFILL_WINDOW = 1024  # newest tokens a starting draft is fed; older ones are skipped
-
-
-class DraftSequence(Protocol):
-    """What the drafter reads of a sequence (the engine's `Sequence` is one)."""
-
-    seq_id: int
-    token_ids: list[int]
-    params: SamplingParams
-    generator: torch.Generator
-
-    @property
-    def prompt_len(self) -> int: ...
 
 
 class PagedRunner(Protocol):

@@ -10,12 +10,11 @@ state (e.g. a draft model's KV cache length) back by arithmetic.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from specserve.engine.sequence import Sequence
+from specserve.sampling.params import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,34 +30,46 @@ class Proposal:
 EMPTY = Proposal([], None)
 
 
+class DraftSequence(Protocol):
+    """What the drafter reads of a sequence (the engine's `Sequence` is one)."""
+
+    seq_id: int
+    token_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+
+    @property
+    def prompt_len(self) -> int: ...
+
+
 class Drafter(Protocol):
-    def start(self, seq: "Sequence") -> None:
+    def start(self, seq: DraftSequence) -> None:
         """A sequence joins (when the scheduler admits it; its prompt may still be prefilling)."""
 
-    def ready(self, seq: "Sequence") -> bool:
+    def ready(self, seq: DraftSequence) -> bool:
         """Whether the sequence can be asked for drafts this round (a draft model's own
         prefill of it may be deferred or still under way)."""
 
-    def started(self, seq: "Sequence") -> bool:
+    def started(self, seq: DraftSequence) -> bool:
         """Whether `activate` ran for the sequence (a drafter that is always ready: True)."""
 
-    def startup_tokens(self, seq: "Sequence") -> int:
+    def startup_tokens(self, seq: DraftSequence) -> int:
         """Draft prefill positions that `activate` would cost now (what the policy weighs)."""
 
-    def activate(self, seq: "Sequence") -> None:
+    def activate(self, seq: DraftSequence) -> None:
         """Start drafting for a sequence that is not `started` (a draft model's deferred
         prefill begins)."""
 
     def pending(self) -> bool:
         """Whether `propose` has work even when no sequence drafts (a draft prefill)."""
 
-    def propose(self, seqs: list["Sequence"], ks: list[int]) -> list[Proposal]:
+    def propose(self, seqs: list[DraftSequence], ks: list[int]) -> list[Proposal]:
         """Up to `ks[i]` tokens following `seqs[i].token_ids`, for all sequences in one batch
         (`ks[i] > 0` only for ready sequences)."""
 
-    def commit(self, seq: "Sequence", num_accepted: int, old_len: int) -> None:
+    def commit(self, seq: DraftSequence, num_accepted: int, old_len: int) -> None:
         """The verify pass kept `num_accepted` proposed tokens; `seq.token_ids` already holds
         them plus one recovered or bonus token. `old_len` is the length before the round."""
 
-    def finish(self, seq: "Sequence") -> None:
+    def finish(self, seq: DraftSequence) -> None:
         """The sequence left; release what the drafter held for it."""

@@ -18,14 +18,9 @@ The drafter is deterministic: proposals carry no distribution (one-hot for the v
 from __future__ import annotations
 
 from collections.abc import Sequence as TokenSequence
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from specserve.speculative.drafter import EMPTY, Proposal
-
-if TYPE_CHECKING:
-    from specserve.engine.sequence import Sequence
+from specserve.speculative.drafter import EMPTY, DraftSequence, Proposal
 
 
 def find_ngram_draft(
@@ -129,36 +124,36 @@ class NgramDrafter:
         self.prompt_lookup_min = prompt_lookup_min
         self._buffers: dict[int, _TokenBuffer] = {}
 
-    def start(self, seq: "Sequence") -> None:
+    def start(self, seq: DraftSequence) -> None:
         self._buffers[seq.seq_id] = _TokenBuffer()
         self._buffers[seq.seq_id].sync(seq.token_ids)
 
-    def ready(self, seq: "Sequence") -> bool:
+    def ready(self, seq: DraftSequence) -> bool:
         return True
 
-    def started(self, seq: "Sequence") -> bool:
+    def started(self, seq: DraftSequence) -> bool:
         return True  # nothing to start: lookups need no prefill
 
-    def startup_tokens(self, seq: "Sequence") -> int:
+    def startup_tokens(self, seq: DraftSequence) -> int:
         return 0
 
-    def activate(self, seq: "Sequence") -> None:
+    def activate(self, seq: DraftSequence) -> None:
         pass
 
     def pending(self) -> bool:
         return False
 
-    def propose(self, seqs: list["Sequence"], ks: list[int]) -> list[Proposal]:
+    def propose(self, seqs: list[DraftSequence], ks: list[int]) -> list[Proposal]:
         assert len(seqs) == len(ks), "one k per sequence"
         return [self._propose_one(seq, k) for seq, k in zip(seqs, ks)]
 
-    def commit(self, seq: "Sequence", num_accepted: int, old_len: int) -> None:
+    def commit(self, seq: DraftSequence, num_accepted: int, old_len: int) -> None:
         """Nothing to roll back: the next `propose` reads the committed `token_ids`."""
 
-    def finish(self, seq: "Sequence") -> None:
+    def finish(self, seq: DraftSequence) -> None:
         self._buffers.pop(seq.seq_id, None)
 
-    def _propose_one(self, seq: "Sequence", k: int) -> Proposal:
+    def _propose_one(self, seq: DraftSequence, k: int) -> Proposal:
         if k <= 0:
             return EMPTY
         tokens = self._buffers.setdefault(seq.seq_id, _TokenBuffer()).sync(seq.token_ids)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import ray
 from ray import serve
 
-from specserve.engine.async_engine import EngineClosed, EngineError
+from specserve.engine.client import EngineClosed, EngineError
 
 log = logging.getLogger("specserve.server")
 STATS_PERIOD_S = 0.5
@@ -81,13 +81,12 @@ class EngineReplica:
     """One engine. Ray Serve makes N of these, restarts dead ones and routes calls to them."""
 
     def __init__(self, llm_kwargs: dict, board) -> None:
-        from specserve.engine.async_engine import AsyncEngine
         from specserve.llm import LLM
 
         self.replica = serve.get_replica_context().replica_id.unique_id
         _foreground_priority()
         self.llm = LLM(**llm_kwargs)
-        self.engine = AsyncEngine.from_llm(self.llm)
+        self.engine = self.llm.async_engine()
         self.board, self.served = board, 0
         self._stop = threading.Event()
         self._poster = threading.Thread(target=self._post_stats, name="stats-poster", daemon=True)

@@ -54,11 +54,11 @@ def serve_replicas(args: ServerConfig, config: LLMConfig) -> int:
     from ray.serve.config import RequestRouterConfig
 
     from specserve.server.app import build_app
-    from specserve.server.cli import _serve
     from specserve.server.preparation import ModelLimits
     from specserve.server.replicas.deployment import EngineReplica, StatsBoard
     from specserve.server.replicas.pool import ReplicaPool
     from specserve.server.replicas.router import PrefixAffinityRouter
+    from specserve.server.run import run_app
 
     start = time.perf_counter()
     if args.ray_address:
@@ -92,7 +92,7 @@ def serve_replicas(args: ServerConfig, config: LLMConfig) -> int:
         pool = ReplicaPool(handle, board)
         app, state = build_app(pool, model["tokenizer"], limits, args.api_key, args.max_request_bytes)
         state.metrics.registry.register(ReplicaCollector(pool, limits.name))
-        asyncio.run(_serve(app, state, args))
+        asyncio.run(run_app(app, state, args))
     finally:
         if pool is not None:
             pool.shutdown(0)

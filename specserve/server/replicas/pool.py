@@ -1,5 +1,5 @@
-"""`ReplicaPool`: the AsyncEngine interface (stream / abort / stats / shutdown) over N Ray Serve
-engine replicas, so `build_app` serves them unchanged.
+"""`ReplicaPool`: the `EngineClient` protocol (stream / abort / stats / health / shutdown) over
+N Ray Serve engine replicas, so `build_app` serves them as it serves one `AsyncEngine`.
 
 - stream: one streaming DeploymentHandle call per request, naming the replica that holds the
   longest recorded prefix of the prompt (`prefix.py`) when it covers at least half of it; Ray
@@ -11,6 +11,7 @@ engine replicas, so `build_app` serves them unchanged.
 - abort: cancels the call; the replica's AsyncEngine aborts the request and frees its memory.
 - stats: the sum over the replicas' latest posts to the StatsBoard (a post older than `stale_s`
   is a dead replica's and is dropped, with its prefixes).
+- health: not shutting down, and at least one replica posted its stats lately.
 - shutdown(timeout): no new requests; every replica's engine is told (through the board) to
   finish in-flight requests within `timeout` and abort the rest ("abort" deltas, as in one
   process); calls still open a little after that are cancelled.
@@ -27,7 +28,7 @@ import uuid
 import ray
 from ray.exceptions import RayError
 
-from specserve.engine.async_engine import EngineClosed, EngineError
+from specserve.engine.client import EngineClosed, EngineError
 from specserve.engine.outputs import EngineStats
 from specserve.server.replicas.deployment import Failure, ReplicaInfo
 from specserve.server.replicas.prefix import PrefixIndex
@@ -56,7 +57,7 @@ class ReplicaPool:
         self._refresh()
         self._refresher.start()
 
-    # ------------------------------------------------------------------ AsyncEngine interface
+    # ------------------------------------------------------------------ EngineClient
     async def stream(self, prompt: list[int], params, request_id: str | None = None, speculation=None):
         if self._closing:
             raise EngineClosed("the server is shutting down and takes no new requests")
@@ -105,6 +106,9 @@ class ReplicaPool:
 
     def stats(self) -> EngineStats:
         return merge_stats([r.stats for r in self.replicas.values()])
+
+    def health(self) -> bool:
+        return not self._closing and bool(self.replicas)
 
     def shutdown(self, timeout: float | None = None) -> None:
         if not self._closing:

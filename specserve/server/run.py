@@ -1,0 +1,55 @@
+"""The server's run loop: uvicorn serving the app, and a graceful SIGTERM.
+
+On SIGTERM (or Ctrl-C) it stops accepting (`/health` answers 503, new requests get 503), lets
+in-flight requests finish within `shutdown_timeout` seconds, aborts the rest (their streams end
+with finish_reason "abort") through the `EngineClient`, and returns, for an exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from specserve.server.app import ServerState
+from specserve.server.config import ServerConfig
+
+log = logging.getLogger("specserve.server")
+
+
+async def run_app(app, state: ServerState, args: ServerConfig) -> None:
+    """Serve `app` with uvicorn until SIGTERM or Ctrl-C, then drain (see the module docstring)."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            access_log=args.access_log, lifespan="off",
+                            timeout_graceful_shutdown=args.shutdown_timeout + 5)
+    server = uvicorn.Server(config)
+    drain = asyncio.create_task(_drain_on_exit(server, state, args))
+    # uvicorn restores the handlers it found and then re-raises the signal it caught: let that
+    # land on a handler that does nothing, so a SIGTERM ends in a clean exit 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    try:
+        await server.serve()
+        await drain
+    finally:
+        drain.cancel()
+
+
+async def _drain_on_exit(server, state: ServerState, args: ServerConfig) -> None:
+    """Once uvicorn is asked to exit: refuse new requests, give in-flight ones their time, abort
+    the rest. uvicorn meanwhile stops accepting connections and waits for open ones to finish."""
+    while not server.started and not server.should_exit:
+        await asyncio.sleep(0.05)
+    if server.started:
+        log.info("specserve: serving %r on http://%s:%d (OpenAPI schema at /openapi.json)",
+                 state.limits.name, args.host, args.port)
+    while not server.should_exit:
+        await asyncio.sleep(0.05)
+    state.accepting = False
+    stats = state.engine.stats()
+    log.info("specserve: shutting down; %d running and %d waiting requests get %.0f s to finish",
+             stats.running, stats.waiting, args.shutdown_timeout)
+    await asyncio.to_thread(state.engine.shutdown, args.shutdown_timeout)
+    log.info("specserve: engine stopped")
