@@ -1,5 +1,5 @@
 """Toy models whose exact continuation distribution is computable: bigram tables behind the
-model interface (`cfg.vocab_size`, `new_pool` / `new_cache`, `forward`)."""
+model interface (`cfg.vocab_size`, `new_pool`, `forward`)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,6 @@ class BigramModel:
 
     def new_pool(self, num_blocks: int, block_size: int = 16) -> KVCache:
         return KVCache(1, num_blocks, 1, block_size, 1, torch.float32)
-
-    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
-        return KVCache(1, num_slots * max_len, 1, 1, 1, torch.float32, num_slots)
 
     def kv_bytes_per_token(self) -> int:
         return 8

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from specserve.models.kv_cache import DEFAULT_BLOCK_SIZE
 from specserve.models.transformer import ForwardBatch, Transformer
 
 
@@ -14,9 +15,9 @@ def target_nll(model: Transformer, prompt_ids: list[int], output_ids: list[int])
     if not output_ids:
         return float("nan")
     ids = list(prompt_ids) + list(output_ids)
-    cache = model.new_cache(num_slots=1, max_len=len(ids))
+    cache, table = _one_sequence(model, len(ids))
     with torch.inference_mode():
-        (logits,) = model.forward(ForwardBatch.from_lists([ids[:-1]], [0], [0]), cache,
+        (logits,) = model.forward(ForwardBatch.paged([ids[:-1]], [0], [table]), cache,
                                   last_n=[len(output_ids)])  # [n_out, vocab]
     return token_nll(logits, output_ids)
 
@@ -39,12 +40,18 @@ def perplexity(model: Transformer, ids: list[int], chunk: int = 512) -> float:
     KV cache (raw logits)."""
     if len(ids) < 2:
         raise ValueError(f"perplexity needs at least 2 tokens, got {len(ids)}")
-    cache = model.new_cache(num_slots=1, max_len=len(ids))
+    cache, table = _one_sequence(model, len(ids))
     total = 0.0
     with torch.inference_mode():
         for start in range(0, len(ids) - 1, chunk):
             piece = ids[start:min(start + chunk, len(ids) - 1)]
-            (logits,) = model.forward(ForwardBatch.from_lists([piece], [start], [0]), cache)
+            (logits,) = model.forward(ForwardBatch.paged([piece], [start], [table]), cache)
             targets = ids[start + 1:start + 1 + len(piece)]
             total += token_nll(logits, targets) * len(targets)
     return float(torch.exp(torch.tensor(total / (len(ids) - 1))))
+
+
+def _one_sequence(model: Transformer, length: int, block_size: int = DEFAULT_BLOCK_SIZE):
+    """A KV pool for one sequence of `length` positions and its block table (all blocks)."""
+    blocks = -(-length // block_size)
+    return model.new_pool(blocks, block_size), list(range(blocks))

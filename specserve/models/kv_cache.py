@@ -9,9 +9,6 @@ hold a sequence's positions is its block table (position p lives in block
 block manager). The pools are allocated with `torch.empty`, so the operating system maps a
 block's pages only when a sequence first writes to it: resident memory follows the tokens held.
 
-`new_cache(num_slots, max_len)` on a model keeps the simple one-strip-per-sequence view for
-callers that score a few sequences (perplexity, tests): slot s owns a fixed run of blocks.
-
 `kv_cache_dtype` (an engine option, as in vLLM) names the dtype: "auto" is float16 where a
 model's layers run on the native glue (float32 activations: the quantized formats) and the
 activations' dtype elsewhere; "float32", "float16", "bfloat16" force one.
@@ -45,7 +42,7 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, native_glue: bool,
 
 class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, num_kv_heads: int, block_size: int,
-                 head_dim: int, dtype: torch.dtype, num_slots: int = 0) -> None:
+                 head_dim: int, dtype: torch.dtype) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"a KV cache needs num_blocks >= 1 and block_size >= 1, got "
                              f"{num_blocks} and {block_size}")
@@ -55,20 +52,12 @@ class KVCache:
         self.keys = torch.empty(shape, dtype=dtype)  # [layer, block, kv_head, offset, head_dim]
         self.values = torch.empty(shape, dtype=dtype)  # [layer, block, kv_head, offset, head_dim]
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
-        per_slot = num_blocks // num_slots if num_slots else 0
-        # slot s owns blocks [s * per_slot, (s + 1) * per_slot) (the fixed-strip view)
-        self._slot_tables = torch.arange(num_slots * per_slot, dtype=torch.int32).view(
-            num_slots, per_slot)  # [num_slots, per_slot]
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> int:
         """Bytes one cached position takes in every layer (keys and values)."""
         return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
-
-    def slot_tables(self, slots: list[int]) -> torch.Tensor:
-        """Block tables of fixed slots: `[len(slots), blocks per slot]` int32."""
-        return self._slot_tables[torch.tensor(slots, dtype=torch.long)]
 
     def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:

@@ -33,15 +33,14 @@ class ForwardBatch:
 
     E.g. a verify pass of 3 tokens for a sequence with 10 cached tokens next to a decode step
     of a sequence with 4: tokens [a, b, c, d], positions [10, 11, 12, 4], row_seq [0, 0, 0, 1],
-    lengths [3, 1], and each sequence's block table (or, in the fixed-slot view, its slot).
+    lengths [3, 1], and each sequence's block table.
     """
 
     tokens: torch.Tensor  # [rows] long
     positions: torch.Tensor  # [rows] long
     row_seq: torch.Tensor  # [rows] int32: which sequence of the batch each row belongs to
     lengths: list[int]  # [num_seqs] rows of each sequence (0 allowed)
-    block_tables: torch.Tensor | None  # [num_seqs, max_blocks] int32 | None: use `slots`
-    slots: list[int] | None = None  # [num_seqs] fixed slots of a `new_cache(num_slots, ...)`
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
 
     @staticmethod
     def paged(rows: list[list[int]], starts: list[int],
@@ -52,22 +51,17 @@ class ForwardBatch:
         tables = torch.zeros((len(rows), width), dtype=torch.int32)
         for i, t in enumerate(block_tables):
             tables[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
-        return ForwardBatch._flat(rows, starts, tables, None)
+        return ForwardBatch._flat(rows, starts, tables)
 
     @staticmethod
-    def from_lists(rows: list[list[int]], starts: list[int], slots: list[int]) -> "ForwardBatch":
-        """The fixed-slot view: `rows[i]` at positions `starts[i]...` of slot `slots[i]`."""
-        return ForwardBatch._flat(rows, starts, None, list(slots))
-
-    @staticmethod
-    def _flat(rows, starts, tables, slots) -> "ForwardBatch":
+    def _flat(rows, starts, tables) -> "ForwardBatch":
         lengths = [len(r) for r in rows]
         tokens = torch.tensor([t for r in rows for t in r], dtype=torch.long)  # [rows]
         positions = torch.tensor([s + j for s, n in zip(starts, lengths) for j in range(n)],
                                  dtype=torch.long)  # [rows]
         row_seq = torch.repeat_interleave(torch.arange(len(rows), dtype=torch.int32),
                                           torch.tensor(lengths))  # [rows]
-        return ForwardBatch(tokens, positions, row_seq, lengths, tables, slots)
+        return ForwardBatch(tokens, positions, row_seq, lengths, tables)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -90,7 +84,7 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 # From this many rows on, a bfloat16 matmul is computed in float32: CPUs without native
-# bfloat16 (AVX2) run bf16 GEMMs ~10x slower than converting the weight and calling sgemm.
+# bfloat16 (AVX2) run bf16 GEMMs far slower than converting the weight and calling sgemm.
 FLOAT32_GEMM_ROWS = 32
 ATTN_DTYPE = torch.float32
 
@@ -165,25 +159,18 @@ class Transformer:
         self.dtype = self.embed.dtype  # the weights' dtype
         # The residual stream's dtype; the int8/int4 formats on the native kernels switch it
         # to float32 (the kernels take float32). Attention always computes in float32: on CPUs
-        # without native bfloat16, bfloat16 attention is 5-8x slower than float32. The KV cache
+        # without native bfloat16, bfloat16 attention is several times slower than float32. The KV cache
         # holds float32 unless asked otherwise (`kv_cache_dtype`); narrow caches read widened.
         self.act_dtype = self.dtype
         inv_freq = 1.0 / (cfg.rope_theta ** (
             torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
         self._inv_freq = inv_freq  # [head_dim / 2]
 
-    def new_cache(self, num_slots: int, max_len: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                  dtype: torch.dtype = ATTN_DTYPE) -> KVCache:
-        """A cache of `num_slots` fixed strips of `max_len` positions (`ForwardBatch.from_lists`)."""
-        per_slot = -(-max_len // block_size)
-        return self.new_pool(num_slots * per_slot, block_size, num_slots, dtype)
-
     def new_pool(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
-                 num_slots: int = 0, dtype: torch.dtype = ATTN_DTYPE) -> KVCache:
+                 dtype: torch.dtype = ATTN_DTYPE) -> KVCache:
         """Per-layer pools of `num_blocks` blocks, addressed by block tables (`ForwardBatch.paged`)."""
         c = self.cfg
-        return KVCache(c.num_layers, num_blocks, c.num_kv_heads, block_size, c.head_dim,
-                       dtype, num_slots)
+        return KVCache(c.num_layers, num_blocks, c.num_kv_heads, block_size, c.head_dim, dtype)
 
     def kv_bytes_per_token(self, dtype: torch.dtype = ATTN_DTYPE) -> int:
         c = self.cfg
@@ -205,8 +192,7 @@ class Transformer:
         """Run the decoder over `batch`, writing its keys/values into `cache`. Returns the final
         normalised hidden states `[rows, hidden]`."""
         c = self.cfg
-        tables = batch.block_tables if batch.block_tables is not None \
-            else cache.slot_tables(batch.slots)  # [num_seqs, max_blocks]
+        tables = batch.block_tables  # [num_seqs, max_blocks]
         cos, sin = self._rope(batch.positions)  # [rows, 1, head_dim]
         x = F.embedding(batch.tokens, self.embed).to(self.act_dtype)  # [rows, hidden]
         lib = kernels.attention() if self._native_layers(x) else None

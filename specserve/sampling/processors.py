@@ -1,7 +1,7 @@
 """Logits → processed probabilities: the one distribution that sampling and verification see.
 
 Both the target verifier and the draft model call `processed_probs`, so the p and q that
-the rejection sampler compares are always built the same way (SPEC §2: the *processed*
+the rejection sampler compares are always built the same way (the *processed*
 distributions are what verification compares). The pipeline, in vLLM's order:
 
 1. penalties, per row, from the tokens in that row's context:

@@ -1,6 +1,6 @@
 """Rejection sampler: verify one speculative round of one sequence, lossless or mentored.
 
-Vocabulary (SPEC §3). The draft proposes k tokens x_0..x_{k-1}; the target scores k + 1
+Vocabulary. The draft proposes k tokens x_0..x_{k-1}; the target scores k + 1
 positions in one pass, giving `target_probs` p_0..p_k. `draft_probs` q_0..q_{k-1} are the
 distributions the draft tokens were sampled from; deterministic drafters (prompt lookup,
 greedy drafts) pass None and q_i is one-hot at x_i, so one algorithm serves all. Each emitted
@@ -64,46 +64,6 @@ class VerifyResult:
         if len(self.tv_distances) != verified:
             raise ValueError(f"tv_distances has {len(self.tv_distances)} entries; "
                              f"expected {verified}")
-
-
-# ---------------------------------------------------------------- distribution helpers ([vocab])
-
-def tv_distance(p: Tensor, q: Tensor) -> float:
-    """Total-variation distance 1/2 sum|p - q| between two distributions over one vocabulary."""
-    return float(_tv_rows(_f64(p), q))
-
-
-def mentored_distribution(p: Tensor, q: Tensor, tv_budget: float) -> Tensor:
-    """pi = (1 - theta) p + theta q, the distribution one mentored step emits (float64 [vocab])."""
-    _check_tv_budget(tv_budget)
-    theta = _mentor_weight(tv_distance(p, q), tv_budget)
-    return _mix(_f64(p), _f64(q), theta)
-
-
-def per_token_acceptance(p: Tensor, q: Tensor, tv_budget: float = 0.0) -> Tensor:
-    """a(x) = min(1, pi(x) / q(x)) for every token x (float64 [vocab]).
-
-    A token the draft gave zero probability cannot have been sampled from q; should one be
-    proposed anyway it is accepted if pi gives it mass and rejected otherwise.
-    """
-    pi = mentored_distribution(p, q, tv_budget)  # [vocab]
-    q = _f64(q)  # [vocab]
-    ratio = torch.where(q > 0, pi / q, (pi > 0).to(pi.dtype))  # [vocab]
-    return ratio.clamp_(max=1.0)
-
-
-def acceptance_probability(p: Tensor, q: Tensor, tv_budget: float = 0.0) -> float:
-    """Probability that a draft token x ~ q is accepted: 1 - max(0, TV(p, q) - D)."""
-    _check_tv_budget(tv_budget)
-    return 1.0 - max(0.0, tv_distance(p, q) - tv_budget)
-
-
-def residual_distribution(p: Tensor, q: Tensor) -> Tensor:
-    """normalize(max(p - q, 0)), or p normalized where that has no mass (p == q); float64."""
-    p = _f64(p)  # [..., vocab]
-    residual = _residual_mass(p, q)  # [..., vocab]
-    mass = residual.sum(-1, keepdim=True)  # [..., 1]
-    return torch.where(mass > 0, residual / mass.clamp_min(1e-300), p / p.sum(-1, keepdim=True))
 
 
 def sample_from(probs: Tensor, uniform: float | Tensor) -> int:

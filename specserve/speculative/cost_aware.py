@@ -28,7 +28,7 @@ import math
 from collections import Counter, deque
 from typing import Protocol
 
-DEFAULT_MAX_K = 8  # the bound of the adaptive policies (SPEC §5)
+DEFAULT_MAX_K = 8  # the bound of the adaptive policies
 
 
 class StepCost(Protocol):

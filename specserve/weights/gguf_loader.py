@@ -98,16 +98,6 @@ def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict, dict[str, torch.Tensor]]:
-    """Returns (config, metadata, weights with Hugging Face names in `dtype`)."""
-    gguf_file = open_gguf(path)
-    meta = read_metadata(gguf_file)
-    cfg = config_from_gguf(gguf_file, meta)
-    weights = {name: read_tensor(gguf_file, cfg, tensor, dtype)
-               for name, tensor in tensor_index(gguf_file).items()}
-    return cfg, meta, weights
-
-
 def config_from_gguf(gguf_file: GGUFFile, meta: dict) -> ModelConfig:
     """The decoder's configuration, once the file is known to hold every tensor it needs."""
     cfg = config_from_metadata(meta, {t.name for t in gguf_file.tensors}, gguf_file.path)

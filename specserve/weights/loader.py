@@ -223,7 +223,7 @@ def _skeleton(cfg: ModelConfig, dense: dict[str, torch.Tensor],
               shapes: dict[str, tuple[int, ...]]) -> Transformer:
     """A `Transformer` whose projections are empty placeholders (no rows) until the quantized
     layers replace them (callers replace every one). Not meta tensors: the first meta-device
-    op imports half of torch's compiler stack, ~1 s."""
+    op imports half of torch's compiler stack."""
     weights = dict(dense)
     for name, shape in shapes.items():
         weights[name] = torch.empty((0, *shape[1:]))

@@ -54,14 +54,6 @@ def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tenso
     return q.reshape(out_f, in_f).to(torch.int32), sz
 
 
-def dequantize_int4(q: torch.Tensor, sz: torch.Tensor, group: int = INT4_GROUP) -> torch.Tensor:
-    """Float reference of what the int4 kernel computes with (for tests)."""
-    out_f, in_f = q.shape
-    scale = sz[..., 0].t().repeat_interleave(group, dim=1)  # [out, in]
-    zero = sz[..., 1].t().repeat_interleave(group, dim=1)  # [out, in]
-    return (q.float() - 8) * scale.float() + zero.float()
-
-
 SUPER_BLOCKS = (256, 128, 64)  # the native kernel's super-block sizes, largest first
 
 

@@ -7,7 +7,7 @@ import math
 import torch
 
 from specserve.bench.quality import distinct_n, target_nll, token_nll
-from specserve.sampling.rejection import tv_distance
+from tests.sampling.oracles import tv_distance
 
 
 def test_token_nll_of_known_distribution():

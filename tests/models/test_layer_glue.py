@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from specserve import kernels
 from specserve.models import transformer
 from specserve.models.attention import ragged_attention
-from specserve.models.transformer import ForwardBatch, Transformer, rms_norm, rotate_half
+from specserve.models.transformer import Transformer, rms_norm, rotate_half
 from tests import tiny
 from tests.models.test_attention import make_sequences, paged
+from tests.slots import new_cache as slot_cache
 
 
 
@@ -168,12 +169,13 @@ def test_native_pass_matches_the_pytorch_pass(tmp_path, monkeypatch, weights, ca
     from specserve.weights.loader import load_model
     path = tiny.save_hf_dir(tiny.build_hf_model("qwen2", seed=0), tmp_path / "m")
     model = load_model(path, "float32", weights=weights).model
-    batch = ForwardBatch.from_lists([list(range(3, 40)), [5, 9, 2]], [0, 0], [0, 1])
     assert model._native_layers(torch.zeros(1))
-    native_cache = model.new_cache(2, 64, dtype=cache_dtype)
+    native_slots = slot_cache(model, 2, 64, dtype=cache_dtype)
+    batch = native_slots.batch([list(range(3, 40)), [5, 9, 2]], [0, 0], [0, 1])
+    native_cache = native_slots.pool
     native = model.forward(batch, native_cache)
     monkeypatch.setattr(Transformer, "_native_layers", lambda self, x: False)
-    torch_cache = model.new_cache(2, 64, dtype=cache_dtype)
+    torch_cache = slot_cache(model, 2, 64, dtype=cache_dtype).pool
     reference = model.forward(batch, torch_cache)
     assert native_cache.keys.dtype == torch_cache.keys.dtype == cache_dtype
     for a, b in zip(native, reference):

@@ -48,7 +48,7 @@ def test_perplexity_of_a_known_toy_distribution():
     from specserve.models.transformer import ForwardBatch
 
     class Uniformish:
-        def new_cache(self, num_slots, max_len):
+        def new_pool(self, num_blocks, block_size):
             return None
 
         def forward(self, batch: ForwardBatch, cache, last_n=None):

@@ -1,7 +1,8 @@
 """Tests for the rejection sampler: exact one-step laws by enumeration, chi-square fits of whole
 rounds, boundary probes tying `verify` to the helpers, greedy verification and edge cases.
 
-The reference math here is written independently in numpy, straight from SPEC §3.
+The reference math here is written independently in numpy, straight from the rules in the
+`specserve/sampling/rejection.py` docstring.
 """
 
 from __future__ import annotations
@@ -16,17 +17,9 @@ import torch
 from scipy import stats
 
 from specserve.sampling import rejection
-from specserve.sampling.rejection import (
-    VerifyResult,
-    acceptance_probability,
-    mentored_distribution,
-    per_token_acceptance,
-    residual_distribution,
-    sample_from,
-    tv_distance,
-    verify,
-    verify_greedy,
-)
+from specserve.sampling.rejection import VerifyResult, sample_from, verify, verify_greedy
+from tests.sampling.oracles import (acceptance_probability, mentored_distribution,
+                                    per_token_acceptance, residual_distribution, tv_distance)
 
 BUDGETS = (0.0, 0.05, 0.3, 0.7, 1.0)
 ALPHA = 1e-3
@@ -35,7 +28,7 @@ ALPHA = 1e-3
 # ---------------------------------------------------------------- independent reference (numpy)
 
 def reference_step(p: np.ndarray, q: np.ndarray, budget: float):
-    """(pi, a, r) of one step, straight from SPEC §3: a is only meaningful where q > 0."""
+    """(pi, a, r) of one step, straight from the rules: a is only meaningful where q > 0."""
     d = 0.5 * np.abs(p - q).sum()
     theta = 1.0 if d == 0 else min(1.0, budget / d)
     pi = (1 - theta) * p + theta * q

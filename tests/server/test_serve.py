@@ -17,7 +17,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specserve.server import sse
+from tests.server.sse_client import parse
 from tests.server.conftest import KEY, MAX_MODEL_LEN, MAX_REQUEST_BYTES, NAME, SHUTDOWN_TIMEOUT
 
 GREEDY = {"temperature": 0, "max_tokens": 12}
@@ -372,7 +372,7 @@ def test_sigterm_lets_in_flight_requests_finish_aborts_the_rest_and_exits_0(serv
         except httpx.HTTPError as e:
             finals[i] = (repr(e), False)
             return
-        payloads = sse.parse(text)
+        payloads = parse(text)
         reasons = [c["finish_reason"] for p in payloads if isinstance(p, dict) for c in p["choices"]]
         finals[i] = (reasons[-1] if reasons else None, payloads[-1] == "[DONE]")
 

@@ -1,6 +1,7 @@
 """SSE framing: one `data:` line per event, JSON that survives newlines, `[DONE]` last."""
 
 from specserve.server import sse
+from tests.server.sse_client import parse
 
 
 def test_event_is_one_data_line_even_when_text_has_newlines():
@@ -12,4 +13,4 @@ def test_event_is_one_data_line_even_when_text_has_newlines():
 def test_parse_inverts_event_and_keeps_done_last():
     payloads = [{"i": 0, "text": "x\n\ny"}, {"i": 1, "usage": None}]
     stream = "".join(sse.event(p) for p in payloads) + sse.DONE
-    assert sse.parse(stream) == payloads + ["[DONE]"]
+    assert parse(stream) == payloads + ["[DONE]"]

@@ -9,7 +9,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from specserve.server import sse
+from tests.server.sse_client import parse
 from tests.server.conftest import NAME
 from tests.server.draft_pair import rounds_of, start_pair_server
 
@@ -45,7 +45,7 @@ def ask(http, stream: bool, **extra) -> httpx.Response:
 
 
 def streamed(http, **extra) -> tuple[str, list[str], list[dict]]:
-    chunks = [p for p in sse.parse(ask(http, True, **extra).text) if p != "[DONE]"]
+    chunks = [p for p in parse(ask(http, True, **extra).text) if p != "[DONE]"]
     text = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"])
     origins = [o for c in chunks for ch in c["choices"] for o in ch["delta"].get("origins", [])]
     return text, origins, chunks

@@ -10,8 +10,8 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from specserve.weights.loader import load_model
-from specserve.models.transformer import ForwardBatch
 from tests import tiny
+from tests.slots import new_cache as slot_cache
 
 CASES = [
     ("llama", {"default": T.F32}),
@@ -37,8 +37,8 @@ def test_gguf_loads_to_same_logits_as_hf_directory(tmp_path, arch, types):
     assert from_gguf.config.rms_norm_eps == pytest.approx(eps, rel=1e-6)
     logits = []
     for m in (from_gguf, from_hf):
-        cache = m.model.new_cache(1, 32)
-        logits.append(m.model.forward(ForwardBatch.from_lists([ids], [0], [0]), cache)[0])
+        cache = slot_cache(m.model, 1, 32)
+        logits.append(m.model.forward(cache.batch([ids], [0], [0]), cache.pool)[0])
     assert (logits[0] - logits[1]).abs().max() <= 1e-4
     with torch.no_grad():
         ref = hf_model(torch.tensor([ids])).logits[0]

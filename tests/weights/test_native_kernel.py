@@ -477,13 +477,15 @@ def test_int4_keeps_wide_source_tensors_at_6_or_8_bits_and_falls_back_without_th
 def test_real_weights_against_float(bits, tolerance, two_threads):
     """Projections of the real SmolLM2 file: the kernel's output stays close to the float
     product with the original (dequantized GGUF) weights."""
-    from specserve.weights.gguf_loader import load_gguf
+    from specserve.weights.gguf_loader import (config_from_gguf, open_gguf, read_metadata,
+                                               read_tensor, tensor_index)
 
-    _, _, tensors = load_gguf(real_model_path("smollm2-135m"), torch.float32)
+    gguf_file = open_gguf(real_model_path("smollm2-135m"))
+    cfg, index = config_from_gguf(gguf_file, read_metadata(gguf_file)), tensor_index(gguf_file)
     g = torch.Generator().manual_seed(4)
     for name in ("model.layers.0.mlp.down_proj.weight", "model.layers.5.self_attn.q_proj.weight",
                  "model.embed_tokens.weight"):
-        w = tensors[name]
+        w = read_tensor(gguf_file, cfg, index[name], torch.float32)  # dequantized from the file
         x = torch.randn(5, w.shape[1], generator=g)
         got = NativeLinear(w, None, bits)(x)
         want = x @ w.t()

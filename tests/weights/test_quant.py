@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specserve.weights.quant import (INT4_GROUP, Int4Linear, Int8Linear, dequantize_int4,
-                                    quantize_int4, quantize_linears)
+from specserve.weights.quant import (INT4_GROUP, Int4Linear, Int8Linear, quantize_int4,
+                                    quantize_linears)
+from tests.slots import new_cache as slot_cache
+
+
+def dequantize_int4(q: torch.Tensor, sz: torch.Tensor, group: int = INT4_GROUP) -> torch.Tensor:
+    """Float reference of what the int4 kernel computes with: (q - 8) * scale + zero."""
+    scale = sz[..., 0].t().repeat_interleave(group, dim=1)  # [out, in]
+    zero = sz[..., 1].t().repeat_interleave(group, dim=1)  # [out, in]
+    return (q.float() - 8) * scale.float() + zero.float()
 
 
 def test_int4_quantization_round_trip_error_is_within_half_a_step():
@@ -56,16 +64,16 @@ def test_int8_kernel_matches_float_reference(rows):
 
 def test_quantized_tiny_model_keeps_greedy_close_and_logits_correlated(tiny_hf):
     from specserve.weights.loader import load_model
-    from specserve.models.transformer import ForwardBatch
 
     _, path = tiny_hf
     ids = [5, 17, 33, 8, 90, 41, 3]
     ref = load_model(path, "bfloat16")
-    cache = ref.model.new_cache(1, 16)
-    base = ref.model.forward(ForwardBatch.from_lists([ids], [0], [0]), cache)[0]
+    cache = slot_cache(ref.model, 1, 16)
+    base = ref.model.forward(cache.batch([ids], [0], [0]), cache.pool)[0]
     for fmt in ("int8", "int4"):
         m = load_model(path, "bfloat16", weights=fmt)
-        got = m.model.forward(ForwardBatch.from_lists([ids], [0], [0]), m.model.new_cache(1, 16))[0]
+        fresh = slot_cache(m.model, 1, 16)
+        got = m.model.forward(fresh.batch([ids], [0], [0]), fresh.pool)[0]
         corr = torch.corrcoef(torch.stack([base.flatten(), got.flatten()]))[0, 1]
         assert corr > (0.99 if fmt == "int8" else 0.9), (fmt, corr)
 

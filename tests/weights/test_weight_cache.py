@@ -16,8 +16,9 @@ from specserve import kernels
 from specserve.weights import quant, weight_cache
 from specserve.weights.loader import load_model
 from specserve.weights.quant import NativeLinear
-from specserve.models.transformer import ForwardBatch, Linear
+from specserve.models.transformer import Linear
 from tests import tiny
+from tests.slots import new_cache as slot_cache
 
 IDS = [5, 17, 33, 8, 90, 41, 3, 60]
 MIX = {"default": T.Q4_K, "ffn": T.Q6_K, "embed": T.Q5_K}  # a Q4_K_M-like mix
@@ -32,7 +33,8 @@ def write_gguf(tmp_path, types=MIX, seed=0, arch="qwen2", name="m.gguf"):
 
 def logits(loaded) -> torch.Tensor:
     m = loaded.model
-    return m.forward(ForwardBatch.from_lists([IDS], [0], [0]), m.new_cache(1, 32))[0]  # [T, vocab]
+    cache = slot_cache(m, 1, 32)
+    return m.forward(cache.batch([IDS], [0], [0]), cache.pool)[0]  # [T, vocab]
 
 
 @pytest.fixture
