@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -82,19 +81,6 @@ def test_matches_the_literal_rule_on_random_small_vocabularies():
         expected = reference_draft(tokens, k, max_n, min_n)
         assert find_ngram_draft(tokens, k, max_n, min_n) == expected, (tokens, k, max_n, min_n)
         assert find_ngram_draft(np.array(tokens, dtype=np.int32), k, max_n, min_n) == expected
-
-
-def test_lookup_on_4k_tokens_takes_well_under_a_millisecond():
-    rng = np.random.default_rng(1)
-    texts = [rng.integers(0, 32000, 4096), rng.integers(0, 20, 4096), np.zeros(4096, np.int64)]
-    for tokens in texts:
-        find_ngram_draft(tokens, 8, 4, 1)
-        timings = []
-        for _ in range(51):
-            start = time.perf_counter()
-            find_ngram_draft(tokens, 8, 4, 1)
-            timings.append(time.perf_counter() - start)
-        assert np.median(timings) < 1e-3  # ~40 µs on one core; 25× headroom for noisy CI
 
 
 def fake_seq(seq_id: int, token_ids: list[int]) -> SimpleNamespace:

@@ -6,8 +6,6 @@ finite); real blocks come from the model files that `specserve download` puts in
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Callable
 
 import gguf
@@ -16,6 +14,7 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from specserve.hub.registry import models_dir
 from specserve.weights import dequant
 from specserve.weights.dequant import SUPPORTED_TYPES, dequantize
 from specserve.weights.gguf_file import GGUFFile, GGUFTensor
@@ -38,10 +37,6 @@ REAL_CASES = [(file, qtype) for file, types in REAL_MODELS.items() for qtype in 
 REAL_ROWS = 64
 
 
-def models_dir() -> Path:
-    """Where `specserve download` stores model files."""
-    cache = os.environ.get("SPECSERVE_CACHE", str(Path.home() / ".cache" / "specserve"))
-    return Path(cache).expanduser() / "models"
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +46,7 @@ def model_file() -> Callable[[str], GGUFFile]:
     files: dict[str, GGUFFile] = {}
 
     def open_file(filename: str) -> GGUFFile:
-        path = models_dir() / filename
+        path = models_dir() / filename  # the package's own rule: $SPECSERVE_CACHE, $XDG_CACHE_HOME
         if not path.is_file():
             pytest.fail(f"model file {path} not found: run `specserve download` first")
         if filename not in files:
@@ -204,3 +199,10 @@ def test_extra_bytes_are_rejected() -> None:
 def test_row_length_not_a_multiple_of_the_block_size_is_rejected() -> None:
     with pytest.raises(ValueError, match=r"last dimension 100 is not a multiple of the Q8_0 block size 32"):
         dequantize(np.zeros(34 * 3, dtype=np.uint8), Q.Q8_0, (1, 100))
+
+
+def test_the_model_files_are_looked_for_where_xdg_cache_home_says(monkeypatch, tmp_path):
+    """The cached model files come from the package's cache rule, so XDG_CACHE_HOME counts."""
+    monkeypatch.delenv("SPECSERVE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert models_dir() == tmp_path / "specserve" / "models"

@@ -8,7 +8,6 @@ duplicate keys, unknown types, bad alignment.
 from __future__ import annotations
 
 import struct
-import time
 from pathlib import Path
 
 import numpy as np
@@ -190,13 +189,11 @@ def test_real_model_equals_gguf_reader() -> None:
     assert len(ours.metadata["tokenizer.ggml.tokens"]) == 49152
 
 
-def test_large_vocabulary_parses_in_well_under_gguf_readers_time() -> None:
-    """GGUFReader needs 10-25 s for this header; we parse it in ~0.3 s (bound leaves room for a
-    busy machine)."""
+def test_large_vocabulary_header_is_read_whole() -> None:
+    """The 151936-entry vocabulary of the default target, every tensor listed (its parsing
+    speed is measured by benchmarks/scripts/lookup_and_header_speed.py)."""
     path = real_model_path("qwen2.5-coder-1.5b")
-    start = time.perf_counter()
     gguf_file = GGUFFile(path)
-    assert time.perf_counter() - start < 5.0
     tokens = gguf_file.metadata["tokenizer.ggml.tokens"]
     assert len(tokens) == len(gguf_file.metadata["tokenizer.ggml.token_type"]) == 151936
     assert tokens[:3] == ["!", '"', "#"]
