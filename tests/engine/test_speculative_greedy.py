@@ -11,6 +11,7 @@ import math
 
 import pytest
 
+from specserve import llm as llm_module
 from specserve.engine.calibration import calibrate
 from specserve.llm import LLM
 from specserve.sampling.params import SamplingParams
@@ -190,11 +191,20 @@ def test_unbounded_catch_up_feeds_every_unseen_token(int8_pair):
     assert seq.metrics.accepted == seq.metrics.drafted > 0
 
 
-def test_cost_aware_engine_starts_calibrated(int8_pair):
-    """cost_aware's cost model is seeded at start-up from timed passes of both models."""
+def test_cost_aware_engine_starts_calibrated(int8_pair, monkeypatch):
+    """cost_aware's cost model is seeded at start-up from timed passes of both models: the
+    constructor's own calibration run (watched, not replaced) is what the cost model holds."""
     target, draft = int8_pair
+    runs = []
+
+    def watched(engine):
+        runs.append((engine, calibrate(engine)))
+        return runs[-1][1]
+
+    monkeypatch.setattr(llm_module, "calibrate", watched)
     llm = LLM(target, draft=draft, speculative_config=spec(-1, max_k=5))
-    measured = calibrate(llm.engine)
+    assert len(runs) == 1 and runs[0][0] is llm.engine
+    measured = runs[0][1]
     assert sorted(measured["verify_s"]) == list(range(6))
     assert measured["draft_step_s"] > 0
     cost = llm.engine.cost
@@ -206,3 +216,4 @@ def test_cost_aware_engine_starts_calibrated(int8_pair):
     assert cost.draft_prefill_time(100) == pytest.approx(100 * measured["draft_prefill_s"])
     # a fixed-k engine does not spend start-up time calibrating
     assert LLM(target, draft=draft, speculative_config=spec(2)).engine.cost.verify_time(0) == 1.0
+    assert len(runs) == 1

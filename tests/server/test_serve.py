@@ -351,46 +351,52 @@ def test_fuzzing_the_openapi_schema_finds_no_server_error(server):
 
 # ----------------------------------------------------------------------------- shutdown (last)
 def test_sigterm_lets_in_flight_requests_finish_aborts_the_rest_and_exits_0(server):
-    """A short request already streaming when SIGTERM comes finishes ("length"); 24 sequences of
-    ~1,000 plain-decoded tokens (8 run at a time) cannot finish within the bound and end with
+    """SIGTERM comes while a short request is streaming (its first tokens are in, its finish is
+    not): it still finishes ("length"), with tokens streamed after the signal; 7 sequences of
+    ~1,000 plain-decoded tokens running beside it cannot finish within the bound and end with
     "abort"; every stream still ends in [DONE]; the process exits 0 without a traceback."""
     finals: dict[int, tuple[str | None, bool]] = {}
-    connected = {i: threading.Event() for i in range(7)}  # response headers in: the request is in
-    short_started = threading.Event()
+    first_piece = {i: threading.Event() for i in range(8)}  # a first chunk came: it is running
+    received_after_signal: dict[int, int] = {}
+    signalled = threading.Event()
 
-    def stream(i: int, max_tokens: int, n: int) -> None:
+    def stream(i: int, max_tokens: int) -> None:
         body = {"model": NAME, "prompt": f"long {i}", "max_tokens": max_tokens, "stream": True,
-                "ignore_eos": True, "n": n, "speculative": False}
-        text = ""
+                "ignore_eos": True, "speculative": False}
+        text, after = "", 0
         try:
             with server.client() as http, http.stream("POST", "/v1/completions", json=body) as r:
-                connected[i].set()
                 for piece in r.iter_text():
                     text += piece
-                    if n == 1:
-                        short_started.set()
+                    after += signalled.is_set()
+                    first_piece[i].set()
         except httpx.HTTPError as e:
             finals[i] = (repr(e), False)
             return
         payloads = parse(text)
         reasons = [c["finish_reason"] for p in payloads if isinstance(p, dict) for c in p["choices"]]
         finals[i] = (reasons[-1] if reasons else None, payloads[-1] == "[DONE]")
+        received_after_signal[i] = after
 
-    short = threading.Thread(target=stream, args=(0, 40, 1))
-    short.start()
-    assert short_started.wait(30)
-    threads = [short] + [threading.Thread(target=stream, args=(i, MAX_MODEL_LEN - 16, 4)) for i in range(1, 7)]
-    for t in threads[1:]:
+    # the long ones first (all running: 7 of the 8 sequences a step decodes), then the short one
+    threads = {i: threading.Thread(target=stream, args=(i, MAX_MODEL_LEN - 16)) for i in range(1, 8)}
+    for t in threads.values():
         t.start()
-    assert all(connected[i].wait(30) for i in range(7))
+    assert all(first_piece[i].wait(30) for i in range(1, 8))
+    threads[0] = threading.Thread(target=stream, args=(0, 40))
+    threads[0].start()
+    assert first_piece[0].wait(30)
     sent = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
+    signalled.set()
+    assert 0 not in finals  # the short request was still streaming when the signal went
     rc = server.process.wait(SHUTDOWN_TIMEOUT + 20)
     took = time.monotonic() - sent
-    for t in threads:
+    for t in threads.values():
         t.join(10)
     assert rc == 0 and took < SHUTDOWN_TIMEOUT + 10
     assert "Traceback" not in server.log
     assert finals[0] == ("length", True)
-    assert all(done for _, done in finals.values()) and len(finals) == 7, finals
-    assert "abort" in {reason for reason, _ in finals.values()}
+    assert received_after_signal[0] > 0  # it went on streaming after the signal
+    assert all(done for _, done in finals.values()) and len(finals) == 8, finals
+    assert {reason for i, (reason, _) in finals.items() if i} == {"abort"}
