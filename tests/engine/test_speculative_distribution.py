@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+import torch
 from scipy.stats import chisquare
 
 from specserve.sampling.params import SamplingParams
@@ -15,15 +16,16 @@ VOCAB, N_TOKENS, K, SAMPLES = 3, 4, 2, 6000
 ALPHA = 1e-3
 
 
-def empirical(engine, samples: int, seed: int, prompt: list[int]) -> Counter:
-    params = SamplingParams(n=samples, temperature=1.0, max_tokens=N_TOKENS, ignore_eos=True, seed=seed)
+def empirical(engine, samples: int, seed: int, prompt: list[int], **sampling) -> Counter:
+    sampling = {"temperature": 1.0, **sampling}
+    params = SamplingParams(n=samples, max_tokens=N_TOKENS, ignore_eos=True, seed=seed, **sampling)
     engine.add_request(prompt, params)
     (out,) = toy.run_all(engine)
     return Counter(tuple(c.token_ids) for c in out.outputs)
 
 
 def chi_square_p(counts: Counter, law: dict) -> float:
-    keys = sorted(law)
+    keys = sorted(s for s, p in law.items() if p > 0)  # a sample elsewhere fails the check below
     observed = [counts.get(s, 0) for s in keys]
     assert sum(observed) == sum(counts.values()), "engine produced a sequence of zero probability"
     total = sum(observed)
@@ -80,3 +82,34 @@ def test_windowed_deferred_draft_keeps_the_exact_law(budget):
     assert started == [(len(prompt) + 1 - 3, True)] * SAMPLES  # every draft from the window
     law = toy.exact_continuations(P, Q, first=1, n=N_TOKENS, k=K, budget=budget, bonus=True)
     assert chi_square_p(counts, law) > ALPHA
+
+
+def processed_table(table: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Each row of a bigram table as the engine's processing leaves it, written out here: the
+    logits log p divided by the temperature, softmax, then the smallest set of most likely
+    tokens whose mass reaches top_p, renormalised."""
+    p = table.double() / table.double().sum(-1, keepdim=True)
+    p = torch.softmax(p.log() / temperature, dim=-1)  # [vocab, vocab]
+    out = torch.zeros_like(p)
+    for r in range(p.shape[0]):
+        order = torch.argsort(p[r], descending=True)
+        mass_before = torch.cumsum(p[r, order], 0) - p[r, order]
+        keep = order[mass_before < top_p]
+        out[r, keep] = p[r, keep] / p[r, keep].sum()
+    return out
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.4])
+def test_engine_continuations_follow_the_processed_law_at_t_0_7_and_top_p_0_9(budget):
+    """Temperature 0.7 and top-p 0.9 process the target's and the draft's rows alike; the
+    continuations follow the exact law of the processed tables (lossless: the processed
+    target's chain), and not that of the raw ones."""
+    P, Q = toy.random_table(VOCAB, seed=1), toy.random_table(VOCAB, seed=2, concentration=0.3)
+    P2, Q2 = processed_table(P, 0.7, 0.9), processed_table(Q, 0.7, 0.9)
+    assert (P2 == 0).any(), "top_p 0.9 must drop a token somewhere, or the case proves little"
+    engine = toy.toy_engine(P, Q, K, budget=budget)
+    counts = empirical(engine, SAMPLES, seed=77, prompt=[0, 1], temperature=0.7, top_p=0.9)
+    law = toy.exact_continuations(P2, Q2, first=1, n=N_TOKENS, k=K, budget=budget)
+    assert chi_square_p(counts, law) > ALPHA
+    raw = toy.exact_continuations(P, Q, first=1, n=N_TOKENS, k=K, budget=budget)
+    assert chi_square_p(counts, raw) < ALPHA
