@@ -38,13 +38,15 @@ class LLM:
     "model": "qwen2.5-coder-0.5b", "num_speculative_tokens": 4})`."""
 
     def __init__(self, model: str | Path | LoadedModel = DEFAULT_TARGET, dtype: str = "auto",
-                 speculative_config: dict | SpeculativeConfig | None = None,
+                 speculative_config: dict | SpeculativeConfig | None = None, *,
                  draft: LoadedModel | None = None, weights: str = "auto",
                  **engine_options: object) -> None:
         """`engine_options`: any `EngineConfig` field by name (`max_num_seqs=8`,
         `max_model_len=4096`, `kv_cache_memory`, `max_num_batched_tokens=256`,
-        `enable_prefix_caching=True`, `kv_cache_dtype="auto"`). Everything is validated, as
-        one `LLMConfig`, before anything loads."""
+        `enable_prefix_caching=True`, `kv_cache_dtype="auto"`), so a new engine option is a
+        keyword here with nothing else to edit. Everything is validated, as one `LLMConfig`,
+        before anything loads. (Deprecation: the arguments after `speculative_config` are
+        keyword-only now; they were never documented positionally.)"""
         self.config = LLMConfig.from_kwargs(model, dtype, speculative_config, weights,
                                             **engine_options)
         check_draft(draft)
