@@ -48,7 +48,6 @@ from typing import Protocol
 
 import torch
 
-from specserve.sampling.params import SamplingParams
 from specserve.sampling.processors import needs_history, processed_probs
 from specserve.sampling.rejection import sample_from
 from specserve.speculative.drafter import EMPTY, DraftSequence, Proposal
