@@ -16,16 +16,14 @@ from typing import TYPE_CHECKING, Callable
 from specserve.engine.calibration import calibrate
 from specserve.engine.engine import EngineConfig, LLMEngine
 from specserve.engine.outputs import RequestOutput
-from specserve.engine.runner import ModelRunner, build_runners
+from specserve.engine.runner import build_runners
 from specserve.inputs import check_conversations, check_generate_inputs, check_llm_args
 from specserve.weights.loader import LoadedModel, load_model
 from specserve.hub.registry import DEFAULT_TARGET
 from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.params import SamplingParams, require_bool
 from specserve.speculative.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
-from specserve.speculative.draft_model import DraftModelDrafter
-from specserve.speculative.drafter import Drafter
-from specserve.speculative.ngram import NgramDrafter
+from specserve.speculative.controller import build_controller
 
 if TYPE_CHECKING:
     from specserve.engine.async_engine import AsyncEngine
@@ -56,20 +54,22 @@ class LLM:
                               enable_prefix_caching=enable_prefix_caching,
                               kv_cache_dtype=kv_cache_dtype)
         self.draft = draft
-        if self.spec is not None and self.spec.method == "draft_model":
+        uses_draft = self.spec is not None and self.spec.uses_draft_model
+        if uses_draft:
             self._load_draft(dtype)
         # KV blocks by budget, the same number for the target and the draft; one sequence of
         # max_model_len positions plus a round's drafts must fit
         runner, draft_runner = build_runners(
-            self.target.model,
-            self.draft.model if self.spec is not None and self.spec.method == "draft_model" else None,
+            self.target.model, self.draft.model if uses_draft else None,
             config.kv_cache_memory, config.block_size, max_len + MAX_SPECULATIVE_TOKENS + 1,
-            config.enable_prefix_caching, config.kv_cache_dtype)
-        drafter = self._build_drafter(draft_runner, config) if self.spec else None
-        self.engine = LLMEngine(runner, self.target.tokenizer, config, self.spec, drafter)
-        if self.spec is not None and self.spec.policy_name == "cost_aware" \
-                and self.spec.num_speculative_tokens != 0:
-            calibrate(self.engine)
+            config.kv_cache_dtype)
+        spec = None if self.spec is None else build_controller(
+            self.spec, draft_runner, self.target.config.vocab_size,
+            config.max_num_batched_tokens, max_len, config.enable_prefix_caching)
+        self.engine = LLMEngine(runner, runner.block_manager(config.enable_prefix_caching),
+                                self.target.tokenizer, config, spec)
+        if spec is not None and self.spec.policy_name == "cost_aware" and spec.cap > 0:
+            calibrate(spec.cost, runner, draft_runner, spec.cap)
         self._lock = threading.Lock()  # one generate/chat call drives the engine at a time
         self._driver = None  # an AsyncEngine running the engine: calls go through it
 
@@ -81,15 +81,6 @@ class LLM:
         if self.draft is None:
             self.draft = load_model(self.spec.model, self.spec.draft_dtype or dtype, self.weights)
         check_same_vocabulary(self.target.tokenizer, self.draft.tokenizer)
-
-    def _build_drafter(self, draft_runner: ModelRunner | None, config: EngineConfig) -> Drafter:
-        spec = self.spec
-        if spec.method == "ngram":
-            return NgramDrafter(spec.num_speculative_tokens if spec.num_speculative_tokens >= 0
-                                else spec.max_k, spec.prompt_lookup_max, spec.prompt_lookup_min)
-        return DraftModelDrafter(draft_runner, self.target.config.vocab_size,
-                                 max_prefill_tokens=config.max_num_batched_tokens,
-                                 prefill_window=spec.prefill_window)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: str | list[str] | list[int] | list[list[int]],

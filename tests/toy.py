@@ -112,26 +112,25 @@ class ToyTokenizer:
 
 def toy_engine(P, Q, k: int, budget: float = 0.0, bonus: bool = True, max_num_seqs: int = 64,
                eos: int | None = None, max_len: int = 64, method: str = "draft_model",
-               num_blocks: int = 1024, **config):
+               num_blocks: int = 1024, spec_fields: dict | None = None, **config):
     from specserve.engine.engine import EngineConfig, LLMEngine
     from specserve.engine.runner import ModelRunner
     from specserve.speculative.config import SpeculativeConfig
-    from specserve.speculative.draft_model import DraftModelDrafter
-    from specserve.speculative.ngram import NgramDrafter
+    from specserve.speculative.controller import build_controller
 
     runner = ModelRunner(BigramModel(P), num_blocks)
-    if method == "ngram":
-        spec = SpeculativeConfig(method="ngram", num_speculative_tokens=k, tv_budget=budget,
-                                 bonus_token=bonus)
-        drafter = NgramDrafter(k, spec.prompt_lookup_max, spec.prompt_lookup_min)
-    elif Q is None:
-        spec, drafter = None, None
-    else:
-        spec = SpeculativeConfig(model="toy", num_speculative_tokens=k, tv_budget=budget,
-                                 bonus_token=bonus)
-        drafter = DraftModelDrafter(ModelRunner(BigramModel(Q), num_blocks), P.shape[0])
-    return LLMEngine(runner, ToyTokenizer(eos), EngineConfig(max_num_seqs, max_len, **config),
-                     spec, drafter)
+    engine_config = EngineConfig(max_num_seqs, max_len, **config)
+    controller, spec_fields = None, spec_fields or {}
+    if method != "draft_model" or Q is not None:
+        spec = SpeculativeConfig(method=method, model="toy" if Q is not None else None,
+                                 num_speculative_tokens=k, tv_budget=budget, bonus_token=bonus,
+                                 **spec_fields)
+        draft_runner = ModelRunner(BigramModel(Q), num_blocks) if Q is not None else None
+        controller = build_controller(spec, draft_runner, P.shape[0],
+                                      engine_config.max_num_batched_tokens, max_len,
+                                      engine_config.enable_prefix_caching)
+    return LLMEngine(runner, runner.block_manager(engine_config.enable_prefix_caching),
+                     ToyTokenizer(eos), engine_config, controller)
 
 
 def run_all(engine) -> list:

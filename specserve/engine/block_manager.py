@@ -33,9 +33,6 @@ class BlockTable:
     num_registered: int = 0  # leading blocks keyed in the prefix cache (taken, or registered)
     node: int = _ROOT  # key node of the last registered block
 
-    def capacity(self, block_size: int) -> int:
-        return len(self.blocks) * block_size
-
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
@@ -52,6 +49,10 @@ class BlockManager:
         self._node_of: dict[int, int] = {}  # registered block → its key node
         self._next_node = _ROOT + 1
         self._idle: OrderedDict[int, None] = OrderedDict()  # registered, unheld; oldest first
+
+    @staticmethod
+    def new_table() -> BlockTable:
+        return BlockTable()
 
     # ------------------------------------------------------------------ accounting
     @property

@@ -6,6 +6,13 @@ or `True`), the bool must be a bool (not `"no"`), `tv_budget` a number in [0, 1]
 cross-field rules (`prompt_lookup_min <= prompt_lookup_max`, a draft model for
 `draft_model`) are checked here too, so a config that constructs never fails later.
 
+Methods: `hybrid` (the default pair's: suffix drafting and, when `model` names one, a draft
+model, chosen per sequence and round by the speculation controller), `suffix` (suffix
+drafting over the request and earlier requests' outputs), `draft_model`, `ngram` (prompt
+lookup over the request). `suffix_cache_tokens` bounds the earlier outputs the suffix source
+keeps (0: this request only). `max_k` None: 16 for the lookup-led methods (a long match drafts
+long), 8 for `draft_model`.
+
 `prefill_window`: when a sequence's draft model starts (deferred until its policy first
 wants to draft: see `draft_model`), it is fed at most the newest `prefill_window` tokens of
 the context (None: all of them), which bounds what starting the drafter costs.
@@ -19,8 +26,9 @@ from dataclasses import dataclass
 from specserve.weights.loader import DTYPES
 from specserve.sampling.params import require_bool, require_int, require_real
 from specserve.speculative.draft_model import DEFAULT_PREFILL_WINDOW
+from specserve.speculative.suffix import DEFAULT_CACHE_TOKENS
 
-METHODS = ("draft_model", "ngram")
+METHODS = ("hybrid", "suffix", "draft_model", "ngram")
 POLICIES = ("fixed", "acceptance_rate", "accepted_length", "heuristic", "cost_aware")
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -35,12 +43,13 @@ class SpeculativeConfig:
     tv_budget: float = 0.0
     bonus_token: bool = True
     draft_policy: str | None = None  # None: "fixed", or "cost_aware" when k == -1
-    max_k: int = 8  # upper bound for adaptive policies
+    max_k: int | None = None  # upper bound for adaptive policies (None: by method)
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     disable_by_batch_size: int | None = None
     draft_dtype: str | None = None  # None: the target's dtype
     prefill_window: int | None = DEFAULT_PREFILL_WINDOW  # newest tokens the draft starts from
+    suffix_cache_tokens: int = DEFAULT_CACHE_TOKENS  # earlier outputs kept for suffix drafting
 
     def __post_init__(self) -> None:
         self._check_method()
@@ -55,8 +64,12 @@ class SpeculativeConfig:
         self._set("tv_budget", budget)
         require_bool("bonus_token", self.bonus_token)
         _check_choice("draft_policy", self.draft_policy, POLICIES)
-        self._set("max_k", require_int("max_k", self.max_k, minimum=1,
+        max_k = (8 if self.method == "draft_model" else MAX_SPECULATIVE_TOKENS) \
+            if self.max_k is None else self.max_k
+        self._set("max_k", require_int("max_k", max_k, minimum=1,
                                        maximum=MAX_SPECULATIVE_TOKENS))
+        self._set("suffix_cache_tokens", require_int("suffix_cache_tokens",
+                                                     self.suffix_cache_tokens, minimum=0))
         self._check_lookup()
         if self.disable_by_batch_size is not None:
             self._set("disable_by_batch_size",
@@ -90,6 +103,10 @@ class SpeculativeConfig:
             raise ValueError(f"prompt_lookup_min ({low}) must be <= prompt_lookup_max ({high})")
         self._set("prompt_lookup_max", high)
         self._set("prompt_lookup_min", low)
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method == "draft_model" or (self.method == "hybrid" and self.model is not None)
 
     @property
     def policy_name(self) -> str:

@@ -1,10 +1,15 @@
-"""The drafter protocol every speculative method implements: propose → verify → commit.
+"""The drafter protocols: propose → verify → commit.
 
-A drafter proposes up to k tokens per sequence, with the *processed* distribution it sampled
-them from (`draft_probs`, rows `[k, vocab]`) or `None` for deterministic drafters (n-gram
-lookup, greedy drafts), which the verifier treats as one-hot. After the target's verify pass
-the engine tells the drafter how many proposed tokens were accepted, so it can roll its own
-state (e.g. a draft model's KV cache length) back by arithmetic.
+Two kinds of source serve the speculation controller (`controller.py`):
+- a *lookup* (`LookupSource`: suffix drafting, prompt lookup) searches text it already has;
+  it offers a candidate continuation before the step (`candidate`, with a confidence per
+  position), costs nothing to run, and proposes deterministically;
+- a *model* drafter (`Drafter`: the draft model) proposes up to k tokens per sequence during
+  the step, with the *processed* distribution it sampled them from (`draft_probs`, rows
+  `[k, vocab]`), or `None` for greedy drafts.
+The verifier treats a proposal without a distribution as one-hot. After the target's verify
+pass the controller tells the drafters how many proposed tokens were accepted, so they can
+roll their own state (a draft model's KV cache length) back by arithmetic.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch
 
 if TYPE_CHECKING:
     from specserve.engine.sequence import Sequence
+    from specserve.speculative.candidate import Candidate
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +35,14 @@ class Proposal:
 
 
 EMPTY = Proposal([], None)
+
+
+class LookupSource(Protocol):
+    def candidate(self, seq: "Sequence", limit: int) -> "Candidate":
+        """The continuation it would propose after `seq.token_ids` (at most `limit` tokens)."""
+
+    def finish(self, seq: "Sequence", keep: bool = True) -> None:
+        """The sequence left (`keep`: it completed, and its output may be learned from)."""
 
 
 class Drafter(Protocol):

@@ -68,7 +68,7 @@ def test_windowed_deferred_draft_keeps_the_exact_law(budget):
     longer prompt (a hole in its context): the continuations still follow the exact law."""
     P, Q = toy.random_table(VOCAB, seed=1), toy.random_table(VOCAB, seed=2, concentration=0.3)
     engine = toy.toy_engine(P, Q, K, budget=budget)
-    drafter = engine.drafter
+    drafter = engine.spec.model
     drafter.prefill_window = 3
     drafter.max_prefill_tokens = 1024  # every start fits its call, so each drafts from round one
     started = []  # (skipped, ready) right after each start

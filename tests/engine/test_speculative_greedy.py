@@ -148,13 +148,13 @@ def test_draft_catch_up_after_idle_rounds_is_bounded_and_output_unchanged(int8_p
     n = 60
     plain = LLM(target).generate(PROMPT, greedy(n))[0].outputs[0]
     llm = LLM(target, draft=target, speculative_config=spec(3))
-    drafter = llm.engine.drafter
+    drafter = llm.engine.spec.model
     fed = []
     forward = drafter.runner.forward
     drafter.runner.forward = lambda rows, *a, **kw: fed.append([len(r) for r in rows]) or forward(rows, *a, **kw)
     llm.engine.add_request(PROMPT, greedy(n))
     (seq,) = llm.engine.scheduler.waiting
-    seq.policy = Scripted([0] * 12 + [3, 3])
+    llm.engine.spec.state(seq).policy = Scripted([0] * 12 + [3, 3])
     skipped = []
     while llm.engine.has_unfinished():
         llm.engine.step()
@@ -176,11 +176,11 @@ def test_draft_catch_up_after_idle_rounds_is_bounded_and_output_unchanged(int8_p
 def test_unbounded_catch_up_feeds_every_unseen_token(int8_pair):
     target, _ = int8_pair
     llm = LLM(target, draft=target, speculative_config=spec(3))
-    drafter = llm.engine.drafter
+    drafter = llm.engine.spec.model
     drafter.max_catchup = None
     llm.engine.add_request(PROMPT, greedy(40))
     (seq,) = llm.engine.scheduler.waiting
-    seq.policy = Scripted([0] * 12 + [3])
+    llm.engine.spec.state(seq).policy = Scripted([0] * 12 + [3])
     while llm.engine.has_unfinished():
         llm.engine.step()
         state = drafter._seqs.get(seq.seq_id)
@@ -194,7 +194,8 @@ def test_cost_aware_engine_starts_calibrated(int8_pair):
     """cost_aware's cost model is seeded at start-up from timed passes of both models."""
     target, draft = int8_pair
     llm = LLM(target, draft=draft, speculative_config=spec(-1, max_k=5))
-    measured = calibrate(llm.engine)
+    measured = calibrate(llm.engine.spec.cost, llm.engine.runner, llm.engine.spec.model.runner,
+                         llm.engine.spec.cap)
     assert sorted(measured["verify_s"]) == list(range(6))
     assert measured["draft_step_s"] > 0
     cost = llm.engine.cost
