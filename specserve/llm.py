@@ -24,6 +24,7 @@ from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.params import SamplingParams, require_bool
 from specserve.speculative.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from specserve.speculative.controller import build_controller
+from specserve.speculative.draft_head import restricted_head
 
 if TYPE_CHECKING:
     from specserve.engine.async_engine import AsyncEngine
@@ -63,6 +64,11 @@ class LLM:
             self.target.model, self.draft.model if uses_draft else None,
             config.kv_cache_memory, config.block_size, max_len + MAX_SPECULATIVE_TOKENS + 1,
             config.kv_cache_dtype)
+        if draft_runner is not None and self.spec.draft_vocab_size is not None:
+            tok = self.draft.tokenizer  # its added (special) tokens stay in the head
+            extra = [*tok.backend.get_added_tokens_decoder(), *tok.eos_token_ids]
+            draft_runner.head = restricted_head(self.draft.model, self.spec.draft_vocab_size,
+                                                extra)
         spec = None if self.spec is None else build_controller(
             self.spec, draft_runner, self.target.config.vocab_size,
             config.max_num_batched_tokens, max_len, config.enable_prefix_caching)

@@ -46,6 +46,13 @@ def random_table(vocab: int, seed: int, concentration: float = 1.0) -> torch.Ten
     return torch.rand((vocab, vocab), generator=g).pow(1.0 / concentration) + 0.02
 
 
+def tempered(table: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The bigram law a sampler at `temperature` draws from: rows ∝ table^(1 / T)."""
+    rows = table / table.sum(-1, keepdim=True)
+    sharpened = rows.double().pow(1.0 / temperature)
+    return sharpened / sharpened.sum(-1, keepdim=True)
+
+
 def mentored(p: torch.Tensor, q: torch.Tensor, budget: float) -> torch.Tensor:
     d = 0.5 * (p - q).abs().sum()
     theta = 1.0 if d == 0 else min(1.0, budget / float(d))

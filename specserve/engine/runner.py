@@ -24,6 +24,7 @@ class ModelRunner:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.cache = model.new_pool(num_blocks, block_size) if kv_dtype is None \
             else model.new_pool(num_blocks, block_size, dtype=kv_dtype)
+        self.head = None  # a head of its own for the model's passes (a restricted draft head)
 
     def block_manager(self, prefix_caching: bool = True) -> BlockManager:
         """A new block manager for this runner's pools (its owner keeps it)."""
@@ -36,7 +37,9 @@ class ModelRunner:
         len(rows[i])), vocab]` per row."""
         batch = ForwardBatch.paged(rows, starts, [t.blocks for t in tables])
         with torch.inference_mode():
-            return self.model.forward(batch, self.cache, last_n)
+            if self.head is None:
+                return self.model.forward(batch, self.cache, last_n)
+            return self.model.forward(batch, self.cache, last_n, head=self.head)
 
 
 DEFAULT_KV_FRACTION = 0.4  # of the memory available when the engine starts

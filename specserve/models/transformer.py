@@ -290,14 +290,15 @@ class Transformer:
                                out.data_ptr()), "rms_norm")
         return out
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """`[..., hidden]` → float32 logits `[..., vocab]`."""
-        return self.lm_head(hidden).float()
+    def logits(self, hidden: torch.Tensor, head=None) -> torch.Tensor:
+        """`[..., hidden]` → float32 logits `[..., vocab]` (through `head`, default the
+        model's own)."""
+        return (head if head is not None else self.lm_head)(hidden).float()
 
-    def forward(self, batch: ForwardBatch, cache: KVCache, last_n: list[int] | None = None
-                ) -> list[torch.Tensor]:
+    def forward(self, batch: ForwardBatch, cache: KVCache, last_n: list[int] | None = None,
+                head=None) -> list[torch.Tensor]:
         """Logits of the last `last_n[seq]` rows of each sequence (default: all its rows;
-        0: none): a list of `[n_seq, vocab]` float32 tensors."""
+        0: none): a list of `[n_seq, vocab]` float32 tensors (`head`: see `logits`)."""
         hidden = self.hidden_states(batch, cache)  # [rows, hidden]
         wanted = last_n if last_n is not None else batch.lengths
         picks, end = [], 0
@@ -306,5 +307,5 @@ class Transformer:
             picks += range(end - m, end)
         if not picks:  # a pass that only fills the cache (prefill chunks)
             return [hidden.new_zeros((0, self.cfg.vocab_size), dtype=torch.float32)] * len(wanted)
-        logits = self.logits(hidden[torch.tensor(picks, dtype=torch.long)])  # [sum(wanted), vocab]
+        logits = self.logits(hidden[torch.tensor(picks, dtype=torch.long)], head)  # [sum(wanted), vocab]
         return list(logits.split(list(wanted)))

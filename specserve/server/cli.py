@@ -86,7 +86,7 @@ def speculative_config(args) -> dict | None:
         if args.draft_model:
             config = {**config, "method": "draft_model", "model": args.draft_model}
         return config
-    return {"method": "draft_model", "model": args.draft_model or DEFAULT_DRAFT,
+    return {"method": "hybrid", "model": args.draft_model or DEFAULT_DRAFT,
             "num_speculative_tokens": -1}
 
 

@@ -10,7 +10,9 @@ Methods: `hybrid` (the default pair's: suffix drafting and, when `model` names o
 model, chosen per sequence and round by the speculation controller), `suffix` (suffix
 drafting over the request and earlier requests' outputs), `draft_model`, `ngram` (prompt
 lookup over the request). `suffix_cache_tokens` bounds the earlier outputs the suffix source
-keeps (0: this request only). `max_k` None: 16 for the lookup-led methods (a long match drafts
+keeps (0: this request only). `draft_vocab_size`: the draft model's head scores only the
+lowest this many token ids and the added (special) tokens, a cheaper draft step (see
+`draft_head.py`; None: the whole vocabulary). `max_k` None: 16 for the lookup-led methods (a long match drafts
 long), 8 for `draft_model`.
 
 `prefill_window`: when a sequence's draft model starts (deferred until its policy first
@@ -28,6 +30,8 @@ from specserve.sampling.params import require_bool, require_int, require_real
 from specserve.speculative.draft_model import DEFAULT_PREFILL_WINDOW
 from specserve.speculative.suffix import DEFAULT_CACHE_TOKENS
 
+DEFAULT_DRAFT_VOCAB = 65536  # the draft head's kept ids (see `draft_head.py`)
+
 METHODS = ("hybrid", "suffix", "draft_model", "ngram")
 POLICIES = ("fixed", "acceptance_rate", "accepted_length", "heuristic", "cost_aware")
 MAX_SPECULATIVE_TOKENS = 16
@@ -35,11 +39,12 @@ MAX_SPECULATIVE_TOKENS = 16
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
-    """`num_speculative_tokens=-1` lets the cost-aware policy choose k per round (0..max_k)."""
+    """`num_speculative_tokens=-1` (the default) lets the controller choose the source and k
+    per round (0..max_k); a k ≥ 0 fixes it."""
 
-    method: str = "draft_model"
+    method: str = "hybrid"
     model: str | None = None  # the draft model (alias, GGUF file or HF directory)
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = -1
     tv_budget: float = 0.0
     bonus_token: bool = True
     draft_policy: str | None = None  # None: "fixed", or "cost_aware" when k == -1
@@ -50,6 +55,7 @@ class SpeculativeConfig:
     draft_dtype: str | None = None  # None: the target's dtype
     prefill_window: int | None = DEFAULT_PREFILL_WINDOW  # newest tokens the draft starts from
     suffix_cache_tokens: int = DEFAULT_CACHE_TOKENS  # earlier outputs kept for suffix drafting
+    draft_vocab_size: int | None = DEFAULT_DRAFT_VOCAB  # the draft head's lowest ids (None: all)
 
     def __post_init__(self) -> None:
         self._check_method()
@@ -70,6 +76,9 @@ class SpeculativeConfig:
                                        maximum=MAX_SPECULATIVE_TOKENS))
         self._set("suffix_cache_tokens", require_int("suffix_cache_tokens",
                                                      self.suffix_cache_tokens, minimum=0))
+        if self.draft_vocab_size is not None:
+            self._set("draft_vocab_size", require_int("draft_vocab_size", self.draft_vocab_size,
+                                                      minimum=1))
         self._check_lookup()
         if self.disable_by_batch_size is not None:
             self._set("disable_by_batch_size",

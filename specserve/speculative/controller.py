@@ -10,9 +10,11 @@ The choice, for a step decoding B sequences (see `cost_aware.py` for the single-
 1. **Offers.** Each sequence's lookup source proposes a candidate continuation with a
    survival estimate per position (`match_stats.py`: from the match's length and the votes
    behind each token, learned online). Its draft model, if there is one, is considered when
-   the lookup would not pay: its cost-aware policy picks k (and decides whether starting the
-   draft — its deferred prefill — repays itself); its survivals are the products of the
-   policy's per-position acceptance. The two are priced by expected tokens per second,
+   the lookup would not pay (and, before its first start, has not for `MODEL_AFTER_MISSES`
+   rounds in a row: text that copies itself should not pay for a draft prefill the lookup
+   makes useless): its cost-aware policy picks k (and decides whether starting the draft —
+   its deferred prefill — repays itself); its survivals are the products of the policy's
+   per-position acceptance. The two are priced by expected tokens per second,
    E(k) / T(k), against plain decoding (E = 1, T = T(0)); the better source is offered.
 2. **One budget.** The offered draft slots of all sequences compete for the rows of one
    pass: slots are taken in order of survival while the step's expected tokens per second,
@@ -42,6 +44,7 @@ from specserve.speculative.policies import FixedPolicy, make_policy
 from specserve.speculative.suffix import SuffixCache, SuffixDrafter
 
 LOOKUP, MODEL = "lookup", "draft_model"  # the two kinds of source
+MODEL_AFTER_MISSES = 8  # rounds in a row without a lookup offer before a draft model starts
 IDLE_REASONS = ("off", "no_room", "no_match", "did_not_pay", "batch_limit", "draft_starting")
 
 
@@ -66,6 +69,7 @@ class SeqSpeculation:
     source: str | None = None  # this step's source
     reason: str = "no_match"
     model_idle: bool = False  # the draft model drafted nothing in this sequence's last round
+    lookup_misses: int = 0  # rounds in a row whose lookup offered nothing worth verifying
 
 
 class SpeculationController:
@@ -174,7 +178,11 @@ class SpeculationController:
         if self.model is not None:
             plain = (1.0 + DEFAULT_MARGIN) / max(self.cost.step_time(0), 1e-12)
             lookup_rate = self._best_prefix(lookup.survival, LOOKUP)[1]
-            if lookup_rate <= plain:  # the free source would not pay: try the draft model
+            st.lookup_misses = st.lookup_misses + 1 if lookup_rate <= plain else 0
+            patient = self.lookup is not None and st.fixed_k is None
+            if lookup_rate <= plain and (not patient or st.lookup_misses >= MODEL_AFTER_MISSES
+                                         or self.model.started(seq)):
+                # the free source would not pay (and has not for a while): the draft model
                 model = self._model_offer(seq, st, room)
                 model_rate = self._best_prefix(model.survival, MODEL)[1]
                 if model.forced or (model.survival and model_rate > max(plain, lookup_rate)):
@@ -304,7 +312,6 @@ class SpeculationController:
         st.model_idle = not (k and st.source == MODEL)
         name = (self.source_name if st.source == LOOKUP else MODEL) if k else None
         seq.metrics.record_source(name, k, num_accepted, st.reason)
-
 
 
 def build_controller(config, draft_runner=None, target_vocab: int = 0,
