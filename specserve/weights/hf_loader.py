@@ -47,26 +47,26 @@ def read_config(path: Path) -> tuple[ModelConfig, dict]:
         raise ValueError(f"{file}: hidden_size ({hidden}) must be a multiple of "
                          f"num_attention_heads ({heads}) when head_dim is not given")
     layers = field.int("num_hidden_layers")
+    traits = arch_traits(arch, hidden) | _window(field, arch, layers) | (
+        _gemma3(field, rope.local_theta) if arch == "gemma3" else {})
+    fields = dict(
+        architecture=arch,
+        vocab_size=field.int("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=field.int("intermediate_size"),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=field.int("num_key_value_heads", heads),
+        head_dim=field.int("head_dim", hidden // heads),
+        rope_theta=field.number("rope_theta", rope.theta),
+        rms_norm_eps=field.number("rms_norm_eps"),
+        max_position=field.int("max_position_embeddings", 4096),
+        tie_word_embeddings=field.bool("tie_word_embeddings", arch == "gemma3"),
+        attention_bias=arch == "qwen2" or field.bool("attention_bias", False),
+        rope_scaling=rope.scaling,
+    )
     try:
-        cfg = ModelConfig(
-            architecture=arch,
-            vocab_size=field.int("vocab_size"),
-            hidden_size=hidden,
-            intermediate_size=field.int("intermediate_size"),
-            num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=field.int("num_key_value_heads", heads),
-            head_dim=field.int("head_dim", hidden // heads),
-            rope_theta=field.number("rope_theta", rope.theta),
-            rms_norm_eps=field.number("rms_norm_eps"),
-            max_position=field.int("max_position_embeddings", 4096),
-            tie_word_embeddings=field.bool("tie_word_embeddings", arch == "gemma3"),
-            attention_bias=arch == "qwen2" or field.bool("attention_bias", False),
-            rope_scaling=rope.scaling,
-            **arch_traits(arch, hidden),
-            **_window(field, arch, layers),
-            **(_gemma3(field, rope.local_theta) if arch == "gemma3" else {}),
-        )
+        cfg = ModelConfig(**fields, **traits)
     except ValueError as e:  # cross-field rules (e.g. kv heads dividing heads)
         raise ValueError(f"{file}: {e}") from None
     return cfg, raw

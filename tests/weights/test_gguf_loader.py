@@ -72,3 +72,50 @@ def test_corrupt_file_is_refused_clearly(tmp_path):
     bad.write_bytes(b"GGUF" + b"\x00" * 20)
     with pytest.raises(ValueError, match="bad.gguf"):
         load_model(bad, "float32")
+
+
+def _pair_with(tmp_path, arch, extra):
+    hf_model = tiny.build_hf_model(arch)
+    path, _ = tiny.write_gguf_pair(hf_model, arch, {"default": T.F32}, tmp_path / "m.gguf",
+                                   tmp_path / "hf", extra=extra)
+    return path
+
+
+def test_a_tensor_the_decoder_does_not_implement_is_refused_by_name(tmp_path):
+    import numpy as np
+
+    path = _pair_with(tmp_path, "qwen2", lambda w: w.add_tensor(
+        "blk.0.attn_sinks.weight", np.zeros(4, dtype=np.float32)))
+    with pytest.raises(ValueError, match=r"blk\.0\.attn_sinks\.weight.*not implemented"):
+        load_model(path, "float32")
+
+
+@pytest.mark.parametrize("kind", ["yarn", "longrope"])
+def test_a_rope_scaling_the_decoder_does_not_implement_is_refused(tmp_path, kind):
+    path = _pair_with(tmp_path, "llama", lambda w: w.add_string("llama.rope.scaling.type", kind))
+    with pytest.raises(ValueError, match=f"rope scaling '{kind}' is not supported"):
+        load_model(path, "float32")
+
+
+def test_partial_rotary_embedding_is_refused(tmp_path):
+    path = _pair_with(tmp_path, "llama", lambda w: w.add_rope_dimension_count(8))
+    with pytest.raises(ValueError, match="partial rotary embedding"):
+        load_model(path, "float32")
+
+
+def test_linear_rope_scaling_divides_the_frequencies(tmp_path):
+    """A GGUF file's linear scaling gives the same logits as transformers' linear rope_type."""
+    hf_model = tiny.build_hf_model("llama", rope_parameters={
+        "rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0})
+    path, _ = tiny.write_gguf_pair(hf_model, "llama", {"default": T.F32}, tmp_path / "m.gguf",
+                                   tmp_path / "hf", extra=lambda w: (
+                                       w.add_string("llama.rope.scaling.type", "linear"),
+                                       w.add_float32("llama.rope.scaling.factor", 4.0)))
+    ids = [5, 17, 33, 8, 90, 41, 3, 60]
+    for source in (path, tmp_path / "hf"):
+        m = load_model(source, "float32", weights="float32")
+        assert m.config.rope_scaling.kind == "linear" and m.config.rope_scaling.factor == 4.0
+        got = m.model.forward(ForwardBatch.from_lists([ids], [0], [0]), m.model.new_cache(1, 32))[0]
+        with torch.no_grad():
+            ref = hf_model(torch.tensor([ids])).logits[0]
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
