@@ -251,8 +251,9 @@ def _add_hparams(writer, cfg, arch: str) -> None:
                 (t == "sliding_attention") != bool((i + 1) % 6) for i, t in enumerate(cfg.layer_types)):
             raise ValueError("gemma3 GGUF files imply query_pre_attn_scalar = head_dim and a "
                              "sliding pattern of 6")
-        writer.add_key_length(cfg.head_dim)
-        writer.add_value_length(cfg.head_dim)
+        if head_dim == cfg.hidden_size // cfg.num_attention_heads:  # not written above
+            writer.add_key_length(cfg.head_dim)
+            writer.add_value_length(cfg.head_dim)
         writer.add_sliding_window(cfg.sliding_window)
         if cfg.final_logit_softcapping is not None:
             writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
