@@ -30,6 +30,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 # From this many rows on, a bfloat16 matmul is computed in float32: CPUs without native
 # bfloat16 (AVX2) run bf16 GEMMs ~10x slower than converting the weight and calling sgemm.
 FLOAT32_GEMM_ROWS = 32
+
+
 class Linear:
     """A weight (and optional bias) applied as `x @ W.T + b`; quantized formats replace it.
 

@@ -186,7 +186,7 @@ def tensor_index(gguf_file: GGUFFile) -> dict[str, GGUFTensor]:
 def read_tensor(gguf_file: GGUFFile, cfg: ModelConfig, tensor: GGUFTensor,
                 dtype: torch.dtype) -> torch.Tensor:
     """One tensor dequantized from the file's memory map into `dtype` (llama's Q/K rows
-    unpermuted)."""
+    unpermuted; `rope_freqs` in float32)."""
     try:
         w = dequantize(gguf_file.raw(tensor), tensor.qtype, tensor.shape, name=tensor.name)
     except ValueError as e:  # e.g. a quantization type the decoder does not support
@@ -196,6 +196,8 @@ def read_tensor(gguf_file: GGUFFile, cfg: ModelConfig, tensor: GGUFTensor,
         w = unpermute(w, cfg.num_heads)
     elif cfg.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
         w = unpermute(w, cfg.num_kv_heads)
+    if name == "rope_freqs.weight":  # frequency factors stay float32 whatever the weights' dtype
+        return w.float()
     return w.to(dtype)
 
 

@@ -141,3 +141,14 @@ def test_quantized_files_of_the_new_architectures_repack_for_the_native_kernels(
                                       m.model.new_cache(1, 32))[0])
     scale = logits[0].abs().max()
     assert (logits[1] - logits[0]).abs().max() <= 0.05 * scale
+
+
+def test_rope_freqs_stay_float32_in_a_bfloat16_load(tmp_path):
+    hf_model = tiny.build_hf_model("llama3")
+    path, _ = tiny.write_gguf_pair(hf_model, "llama3", {"default": T.F32}, tmp_path / "m.gguf",
+                                   tmp_path / "hf")
+    factors = torch.from_numpy(tiny.llama3_rope_freqs(hf_model.config))
+    model = load_model(path, "bfloat16", weights="bf16").model
+    assert model.dtype == torch.bfloat16
+    expected = 1.0 / (10000.0 ** (torch.arange(0, 16, 2, dtype=torch.int64).float() / 16)) / factors
+    assert torch.equal(model._inv_freq, expected)
