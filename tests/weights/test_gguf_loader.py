@@ -152,3 +152,9 @@ def test_rope_freqs_stay_float32_in_a_bfloat16_load(tmp_path):
     assert model.dtype == torch.bfloat16
     expected = 1.0 / (10000.0 ** (torch.arange(0, 16, 2, dtype=torch.int64).float() / 16)) / factors
     assert torch.equal(model._inv_freq, expected)
+
+
+def test_a_sliding_window_outside_gemma3_is_refused(tmp_path):
+    path = _pair_with(tmp_path, "llama", lambda w: w.add_sliding_window(4096))
+    with pytest.raises(ValueError, match="sliding-window attention in a llama GGUF file"):
+        load_model(path, "float32")
