@@ -18,9 +18,6 @@ from pathlib import Path
 
 from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, MODELS
 
-DEMO_PROMPT = ("Write a Python function that checks whether a string is a palindrome, "
-               "ignoring case and punctuation. Explain it briefly.")
-
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling (OpenAI/vLLM names)")
@@ -170,29 +167,15 @@ def _stats_line(out) -> str:
 
 
 def cmd_demo(args) -> int:
-    """Target-only vs speculative on one prompt, side by side."""
-    from specserve.llm import LLM
-    from specserve.weights.loader import load_model
-    from specserve.sampling.params import SamplingParams
+    """The cost-aware default vs target-only on a code edit and an open question (`demo.py`)."""
+    from specserve import demo
 
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    prompt = read_text_file("--prompt-file", args.prompt_file) if args.prompt_file else DEMO_PROMPT
-    target = load_model(args.model, args.dtype, args.weights)
-    draft = load_model(args.draft_model, args.dtype, args.weights)
-    print(f"# target {target.path.name} loaded in {target.load_seconds:.1f}s; "
-          f"draft {draft.path.name} in {draft.load_seconds:.1f}s", file=sys.stderr)
-    messages = [{"role": "user", "content": prompt}]
-    plain = LLM(target).chat(messages, params)[0].outputs[0]
-    spec = LLM(target, draft=draft, speculative_config={
-        "method": "draft_model", "model": args.draft_model,
-        "num_speculative_tokens": args.num_speculative_tokens}).chat(messages, params)[0].outputs[0]
-    print(spec.text)
-    print(f"# target-only: {_stats_line(plain)[2:]}")
-    print(f"# speculative: {_stats_line(spec)[2:]}")
-    if plain.decode_tokens_per_s and spec.decode_tokens_per_s:
-        same = "identical" if plain.token_ids == spec.token_ids else "DIFFERENT"
-        print(f"# speedup {spec.decode_tokens_per_s / plain.decode_tokens_per_s:.2f}x "
-              f"(greedy outputs {same})")
+    prompts = (("your prompt", read_text_file("--prompt-file", args.prompt_file)),) \
+        if args.prompt_file else demo.WORKLOADS
+    results = demo.run(args.model, args.draft_model, args.dtype, args.weights, args.max_tokens,
+                       args.num_speculative_tokens, prompts)
+    for r in results:
+        print("\n".join(r.lines()))
     return 0
 
 
@@ -216,15 +199,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print outputs as JSON lines")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("demo", help="target-only vs speculative decoding on the default pair")
+    p = sub.add_parser("demo", help="the cost-aware default vs target-only on the default pair: "
+                       "a code edit and an open question")
     p.add_argument("--model", default=DEFAULT_TARGET)
     p.add_argument("--draft-model", default=DEFAULT_DRAFT)
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     p.add_argument("--weights", default="auto", choices=["auto", "bf16", "float32", "int8", "int4"],
                    help="auto (default): the default pair stays quantized (int4-style), the "
                         "fast path, ~3x bf16's decode speed here")
-    p.add_argument("--num-speculative-tokens", "-k", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--num-speculative-tokens", "-k", type=int, default=-1,
+                   help="-1 (default): the cost-aware policy chooses k each round")
+    p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--prompt-file", default=None)
     p.set_defaults(func=cmd_demo)
 

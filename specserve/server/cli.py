@@ -15,7 +15,8 @@ from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 log = logging.getLogger("specserve.server")
 DESCRIPTION = """An OpenAI-compatible server. With no arguments it serves the default pair
-(int4 target, int4 draft, cost-aware lossless speculation) on 127.0.0.1:8000. On SIGTERM (or
+(int4 target, int4 draft, cost-aware lossless speculation) on 127.0.0.1:8000; any other --model
+is served with the default draft only where their vocabularies match, else with prompt lookup. On SIGTERM (or
 Ctrl-C) it stops accepting, lets in-flight requests finish within --shutdown-timeout seconds,
 aborts the rest (their streams end with finish_reason "abort"), and exits 0."""
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -35,7 +36,8 @@ def add_parser(sub) -> None:
                    help="auto (default, the fast path): a quantized GGUF file stays quantized "
                         "(int4-style), a float checkpoint loads bf16")
     g = p.add_argument_group("speculative decoding (default: draft model "
-                             f"{DEFAULT_DRAFT}, cost-aware k, lossless)")
+                             f"{DEFAULT_DRAFT} for a target of its vocabulary, else ngram; "
+                             "cost-aware k, lossless)")
     g.add_argument("--draft-model", default=None, help="the draft: alias, GGUF file or HF directory")
     g.add_argument("--speculative-config", default=None,
                    help='JSON in vLLM\'s shape, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
@@ -86,8 +88,13 @@ def speculative_config(args) -> dict | None:
         if args.draft_model:
             config = {**config, "method": "draft_model", "model": args.draft_model}
         return config
-    return {"method": "hybrid", "model": args.draft_model or DEFAULT_DRAFT,
-            "num_speculative_tokens": -1}
+    if args.draft_model:
+        return {"method": "draft_model", "model": args.draft_model, "num_speculative_tokens": -1}
+    from specserve.server import default_speculation
+
+    config, reason = default_speculation.decide(args.model, DEFAULT_DRAFT)
+    log.info("specserve: %s", reason)
+    return config
 
 
 def parse_size(text: str | None) -> int | None:
@@ -120,9 +127,9 @@ def check_args(args) -> None:
 
 def cmd_serve(args) -> int:
     check_args(args)
-    spec = speculative_config(args)
-    kv_bytes = parse_size(args.kv_cache_memory)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
+    kv_bytes = parse_size(args.kv_cache_memory)
+    spec = speculative_config(args)  # flags first; then, with none, the default's choice
     from specserve.engine.async_engine import AsyncEngine
     from specserve.llm import LLM
     from specserve.server.app import build_app

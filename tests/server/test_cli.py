@@ -14,11 +14,11 @@ def _args(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["serve", *argv])
 
 
-def test_no_arguments_mean_the_default_pair_int4_cost_aware_on_localhost_8000():
+def test_no_arguments_mean_the_default_pair_int4_hybrid_on_localhost_8000():
     args = _args()
     assert (args.model, args.host, args.port) == (DEFAULT_TARGET, "127.0.0.1", 8000)
     assert args.weights in ("int4", "auto")  # "auto" keeps a quantized GGUF (the default pair) int4
-    assert speculative_config(args) == {"method": "draft_model", "model": DEFAULT_DRAFT,
+    assert speculative_config(args) == {"method": "hybrid", "model": DEFAULT_DRAFT,
                                         "num_speculative_tokens": -1}
 
 

@@ -246,3 +246,28 @@ from tests.server.test_page import (  # noqa: E402
     test_the_page_and_its_assets_are_served_from_the_package_without_outside_urls)
 from tests.server.test_serve import (  # noqa: E402  (last: it stops the server)
     test_sigterm_lets_in_flight_requests_finish_aborts_the_rest_and_exits_0)
+
+
+def test_a_replica_start_failure_is_the_single_process_servers_one_line_error(model_dir):
+    """Every replica fails to build its engine (a draft that does not exist): the error comes
+    back once, in the single-process server's one line and exit code, with no restart loop and
+    no traceback from a replica's destructor."""
+    flags = ["serve", "--model", str(model_dir), "--draft-model", "/nonexistent/draft.gguf",
+             "--dtype", "float32", "--weights", "bf16"]
+    results = [subprocess.run([sys.executable, "-m", "specserve.cli", *flags, *extra],
+                              capture_output=True, text=True, timeout=300)
+               for extra in ([], ["--replicas", str(REPLICAS)])]
+    errors = [[line for line in (r.stdout + r.stderr).splitlines()
+               if line.startswith("specserve serve: error: ")] for r in results]
+    single, replicated = results
+    assert single.returncode == replicated.returncode == 2, replicated.stderr[-4000:]
+    assert len(errors[0]) == 1 and errors[1] == errors[0], replicated.stderr[-4000:]
+    assert "/nonexistent/draft.gguf" in errors[0][0]
+    for r in results:
+        assert "Traceback" not in r.stdout + r.stderr and "AttributeError" not in r.stderr
+
+
+def test_a_replica_whose_engine_never_started_is_destroyed_quietly():
+    from specserve.server.replicas.deployment import EngineReplica
+
+    EngineReplica.__new__(EngineReplica).__del__()  # as Ray does after a failed constructor

@@ -44,6 +44,19 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class StartFailure:
+    """Why a replica could not build its engine: the error the single-process server reports in
+    one line (`specserve/cli.py`), carried back whole, so the serving process raises it once
+    instead of Ray Serve restarting replicas that fail the same way."""
+
+    kind: str  # "value" (exit 2, as a ValueError) | "os" (exit 1)
+    message: str
+
+    def exception(self) -> Exception:
+        return ValueError(self.message) if self.kind == "value" else OSError(self.message)
+
+
+@dataclass(frozen=True)
 class ReplicaInfo:
     replica: str  # Ray Serve's replica id
     pid: int
@@ -84,18 +97,27 @@ class EngineReplica:
         from specserve.engine.async_engine import AsyncEngine
         from specserve.llm import LLM
 
+        self._stop = threading.Event()  # first: __del__ finds it whatever fails below
+        self.engine, self.start_failure = None, None
         self.replica = serve.get_replica_context().replica_id.unique_id
         _foreground_priority()
-        self.llm = LLM(**llm_kwargs)
+        try:
+            self.llm = LLM(**llm_kwargs)
+        except (ValueError, OSError, MemoryError) as e:  # what the CLI reports in one line
+            self.start_failure = StartFailure("value" if isinstance(e, ValueError) else "os",
+                                              str(e))
+            return
         self.engine = AsyncEngine.from_llm(self.llm)
         self.board, self.served = board, 0
-        self._stop = threading.Event()
         self._poster = threading.Thread(target=self._post_stats, name="stats-poster", daemon=True)
         self._poster.start()
         log.info("specserve: replica %s (pid %d) ready", self.replica, os.getpid())
 
     def describe(self) -> dict:
-        """What the HTTP process needs to validate requests without loading the model itself."""
+        """What the HTTP process needs to validate requests without loading the model itself
+        (or, where the engine could not be built, `{"start_failure": StartFailure}`)."""
+        if self.start_failure is not None:
+            return {"start_failure": self.start_failure}
         return {"tokenizer": self.llm.tokenizer, "max_model_len": self.llm.engine.config.max_model_len,
                 "vocab_size": self.llm.target.config.vocab_size, "speculative": self.llm.spec is not None}
 
@@ -128,7 +150,9 @@ class EngineReplica:
 
     def __del__(self) -> None:
         """Ray Serve's graceful shutdown: in-flight requests were drained by the HTTP process."""
-        self._stop.set()
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown(0)

@@ -79,6 +79,8 @@ def serve_replicas(args, spec: dict | None, budgets: dict) -> int:
         handle = serve.run(deployment.bind(llm_kwargs(args, spec, budgets), board), name=APP_NAME,
                            route_prefix=None)
         model = handle.describe.remote().result()
+        if "start_failure" in model:  # every replica fails alike: say it once, as one process would
+            raise model["start_failure"].exception()
         log.info("specserve: %d replica(s) of %s (%d CPU each) ready in %.1f s", args.replicas,
                  args.model, cpus, time.perf_counter() - start)
         limits = ModelLimits(args.served_model_name or str(args.model), model["max_model_len"],
