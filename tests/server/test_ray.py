@@ -61,7 +61,8 @@ def client(server) -> openai.OpenAI:
 
 def replica_figures(srv) -> tuple[dict[str, int], dict[str, float]]:
     """(replica id -> pid of the live replicas, replica id -> requests it served)."""
-    text = httpx.get(f"{srv.base_url}/metrics", timeout=10).text
+    text = httpx.get(f"{srv.base_url}/metrics", timeout=10,
+                     headers={"Authorization": f"Bearer {KEY}"}).text
     pids = {r: int(p) for p, r in re.findall(r'specserve:replica_info\{[^}]*pid="(\d+)",replica="([^"]+)"', text)}
     served = {r: float(v) for r, v in re.findall(r'specserve:replica_requests_total\{[^}]*replica="([^"]+)"\} (\S+)', text)}
     return pids, served

@@ -48,7 +48,7 @@ def serve_replicas(args, spec: dict | None, budgets: dict) -> int:
     from ray.serve.config import RequestRouterConfig
 
     from specserve.server.app import build_app
-    from specserve.server.cli import _serve
+    from specserve.server.cli import _serve, server_limits
     from specserve.server.preparation import ModelLimits
     from specserve.server.replicas.deployment import EngineReplica, StatsBoard
     from specserve.server.replicas.pool import ReplicaPool
@@ -82,9 +82,10 @@ def serve_replicas(args, spec: dict | None, budgets: dict) -> int:
         log.info("specserve: %d replica(s) of %s (%d CPU each) ready in %.1f s", args.replicas,
                  args.model, cpus, time.perf_counter() - start)
         limits = ModelLimits(args.served_model_name or str(args.model), model["max_model_len"],
-                             model["vocab_size"], model["speculative"])
+                             model["vocab_size"], model["speculative"], args.max_num_seqs)
         pool = ReplicaPool(handle, board)
-        app, state = build_app(pool, model["tokenizer"], limits, args.api_key, args.max_request_bytes)
+        app, state = build_app(pool, model["tokenizer"], limits, args.api_key, args.max_request_bytes,
+                               server_limits(args))
         state.metrics.registry.register(ReplicaCollector(pool, limits.name))
         asyncio.run(_serve(app, state, args))
     finally:
