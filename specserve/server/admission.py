@@ -3,7 +3,8 @@
 Each API request holds `prompts × n` sequences from admission until its last delta (or its
 abort). The engine runs `slots` of them at once; at most `max_waiting` more may wait for a
 slot. A request that would pass that bound is refused at once with 429 and a `Retry-After`
-header instead of queueing without end. Counting happens on the event loop, at admission,
+header instead of queueing without end (a request that finds nothing admitted is always
+taken, or one larger than the bound could never run). Counting happens on the event loop, at admission,
 so the bound holds however fast requests arrive (the engine's own counts lag a step).
 """
 

@@ -4,13 +4,14 @@ model (`faulty_serve.py` switches faults on through files), each bound enforced 
 Three servers: `bounded` (2 sequence slots, 1 waiting, small prompt-character bound) for the
 per-request bounds, admission, preparation off the event loop, special tokens, Host names and
 500 bodies, and last a second SIGTERM; `timed` (a 2 s request timeout) for the deadline and
-then a killed engine thread; `watched` (a 1.5 s step timeout) for a step that never returns.
+then slow and many connections and a killed engine thread; `watched` (a 1.5 s step timeout) for a step that never returns.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -48,7 +49,8 @@ def bounded(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def timed(model_dir, tmp_path_factory):
-    srv = launch(model_dir, tmp_path_factory.mktemp("timed"), "--request-timeout", "2")
+    srv = launch(model_dir, tmp_path_factory.mktemp("timed"), "--request-timeout", "2",
+                 "--header-timeout", "2", "--max-connections", "3")
     yield srv
     srv.stop()
 
@@ -242,6 +244,29 @@ def test_a_request_past_its_deadline_is_aborted_with_504(timed):
     assert r.status_code == 504 and error_of(r)["code"] == "request_timeout"
     assert events[-2]["error"]["code"] == "request_timeout" and events[-1] == "[DONE]"
     assert post(timed, {"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_a_connection_that_never_finishes_its_request_head_is_closed(timed):
+    with socket.create_connection(("127.0.0.1", int(timed.base_url.rsplit(":", 1)[1]))) as sock:
+        sock.settimeout(30)  # far beyond the 2 s header timeout
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and no more
+        assert sock.recv(1024) == b""  # closed by the server, not timed out here
+
+
+def test_connections_beyond_the_cap_get_503_and_the_server_serves_after(timed):
+    address = ("127.0.0.1", int(timed.base_url.rsplit(":", 1)[1]))
+    idle = [socket.create_connection(address) for _ in range(3)]
+    try:
+        r = httpx.get(f"{timed.base_url}/v1/models", headers=AUTH)
+    finally:
+        for sock in idle:
+            sock.close()
+    assert r.status_code == 503
+    deadline = time.monotonic() + 10  # until the server has seen the closes
+    while (status := httpx.get(f"{timed.base_url}/v1/models", headers=AUTH).status_code) == 503 \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status == 200
 
 
 def test_a_killed_engine_thread_fails_open_and_new_requests_with_503_and_health_503(timed):

@@ -9,6 +9,7 @@ API key, page); its SIGTERM test runs last, after the replica-kill test.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -23,7 +24,8 @@ import openai
 import pytest
 
 from specserve.engine.outputs import EngineStats
-from specserve.server.replicas.pool import merge_stats
+from specserve.engine.async_engine import EngineDead
+from specserve.server.replicas.pool import ReplicaPool, merge_stats
 from specserve.server.replicas.prefix import PrefixIndex, block_hashes
 from specserve.speculative.metrics import SpecMetrics
 from tests.server.conftest import KEY, NAME, start_server
@@ -128,7 +130,21 @@ def test_merged_stats_add_counts_and_divide_blocks():
     assert (m.running, m.waiting, m.kv_blocks_used, m.kv_blocks_total, m.kv_usage) == (3, 2, 40, 200, 0.2)
     assert (m.spec.accepted, m.spec.accepted_per_position, m.prefix_cache_hit_tokens) == (3, [3, 0], 6)
     assert m.rolling_acceptance == 0.9 and m.healthy is False
-    assert merge_stats([]).kv_usage == 0.0 and merge_stats([]).healthy is True
+    assert merge_stats([]).kv_usage == 0.0 and merge_stats([]).healthy is False  # no replica
+
+
+def test_a_pool_with_no_live_replica_is_dead_and_refuses_requests_with_engine_dead():
+    pool = ReplicaPool.__new__(ReplicaPool)  # its state only: no Ray behind it
+    pool.replicas, pool._closing = {}, False
+    assert "no live engine replica" in pool.dead_reason
+
+    async def first():
+        return await anext(pool.stream([1, 2, 3], None))
+
+    with pytest.raises(EngineDead, match="no live engine replica"):
+        asyncio.run(first())
+    pool.replicas = {"r0": object()}
+    assert pool.dead_reason is None
 
 
 # ----------------------------------------------------------------------------- the replicated endpoint
@@ -237,7 +253,7 @@ def test_killing_a_replica_mid_load_loses_no_request_that_had_not_started_stream
 from tests.server.test_serve import (  # noqa: E402  (collected here, against the replicated server)
     test_bad_input_gets_its_status_and_an_openai_error_body, test_chat_stream_equals_the_non_streamed_greedy_text_with_exact_usage,
     test_completion_usage_counts_prompt_ids_and_generated_tokens_exactly,
-    test_missing_or_wrong_api_key_gets_401_and_health_stays_open, test_models_and_health_list_the_served_model,
+    test_missing_or_wrong_api_key_gets_401_on_the_api_and_metrics_and_health_stays_open, test_models_and_health_list_the_served_model,
     test_oversized_bodies_are_refused_with_413_with_or_without_content_length,
     test_per_request_speculation_settings_and_their_statistics, test_seeds_reproduce_sampled_outputs_and_distinct_seeds_differ,
     test_sixteen_concurrent_streams_each_equal_their_solo_greedy_output,
