@@ -156,7 +156,7 @@ def cmd_serve(args) -> int:
 async def _serve(app, state, args) -> None:
     from specserve.server import http
 
-    http.warn_if_exposed(args.host, args.api_key)
+    http.warn_if_exposed(args.host, args.api_key, state.bounds)
     server = http.server(app, args.host, args.port, state.bounds, args.log_level,
                          not args.no_access_log, args.shutdown_timeout + 5)
     drain = asyncio.create_task(_drain_on_exit(server, state, args))

@@ -8,7 +8,8 @@
 - the first SIGTERM or SIGINT starts the graceful drain; a second one forces the exit
   (`DrainingServer`: uvicorn itself forces only on a second SIGINT).
 
-`warn_if_exposed` logs a warning when the server binds beyond loopback without an API key.
+`warn_if_exposed` logs a warning when the server binds beyond loopback without an API key (and
+when only loopback Host names are allowed there).
 """
 
 from __future__ import annotations
@@ -84,7 +85,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def warn_if_exposed(host: str, api_key: str | None) -> None:
-    if not is_loopback(host) and api_key is None:
+def warn_if_exposed(host: str, api_key: str | None, bounds: ServerLimits) -> None:
+    """Warn about binding beyond loopback without a key, and say which Host names are served."""
+    if is_loopback(host):
+        return
+    if api_key is None:
         log.warning("specserve: binding %s (beyond loopback) without --api-key: anyone who can "
                     "reach this address can use the server", host)
+    if all(is_loopback(h) for h in bounds.allowed_hosts):
+        log.warning("specserve: only requests naming %s in their Host header are served; add "
+                    "this machine's names with --allowed-hosts", ", ".join(bounds.allowed_hosts))
