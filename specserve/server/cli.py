@@ -121,6 +121,7 @@ def check_args(args) -> None:
 
 def cmd_serve(args) -> int:
     check_args(args)
+    bounds = server_limits(args)
     spec = speculative_config(args)
     kv_bytes = parse_size(args.kv_cache_memory)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
@@ -145,7 +146,7 @@ def cmd_serve(args) -> int:
     limits = ModelLimits(args.served_model_name or str(args.model), llm.engine.config.max_model_len,
                          llm.target.config.vocab_size, llm.spec is not None, args.max_num_seqs)
     app, state = build_app(engine, llm.tokenizer, limits, args.api_key, args.max_request_bytes,
-                           server_limits(args))
+                           bounds)
     try:
         asyncio.run(_serve(app, state, args))
     finally:
@@ -222,6 +223,9 @@ def add_limit_flags(p) -> None:
 def server_limits(args):
     """The `ServerLimits` the flags ask for (ValueError naming the flag's field)."""
     from specserve.server.limits import ServerLimits
+
+    if args.step_timeout is not None and not args.step_timeout > 0:
+        raise ValueError(f"--step-timeout must be > 0 seconds, got {args.step_timeout}")
 
     return ServerLimits(
         max_choices=args.max_choices, max_prompt_chars=args.max_prompt_chars,
