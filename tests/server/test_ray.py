@@ -24,7 +24,8 @@ import openai
 import pytest
 
 from specserve.engine.outputs import EngineStats
-from specserve.engine.async_engine import EngineDead
+from specserve.engine.async_engine import EngineDead, EngineError
+from specserve.server.replicas.deployment import Failure
 from specserve.server.replicas.pool import ReplicaPool, merge_stats
 from specserve.server.replicas.prefix import PrefixIndex, block_hashes
 from specserve.speculative.metrics import SpecMetrics
@@ -33,13 +34,15 @@ from tests.server.test_serve import metrics
 
 REPLICAS = 2
 MAX_NUM_SEQS = 2  # small, so requests wait inside a replica (no tokens streamed yet) under load
+# (with n = 2 requests: each may take all of a replica's slots, --max-slot-share 1)
 GREEDY = {"temperature": 0, "max_tokens": 12}
 
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     srv = start_server(model_dir, tmp_path_factory.mktemp("ray-log") / "server.log",
-                       "--replicas", str(REPLICAS), "--max-num-seqs", str(MAX_NUM_SEQS), startup_s=240)
+                       "--replicas", str(REPLICAS), "--max-num-seqs", str(MAX_NUM_SEQS),
+                       "--max-slot-share", "1", startup_s=240)
     yield srv
     srv.stop()
 
@@ -47,7 +50,7 @@ def server(model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def single(model_dir, tmp_path_factory):
     srv = start_server(model_dir, tmp_path_factory.mktemp("single-log") / "server.log",
-                       "--max-num-seqs", str(MAX_NUM_SEQS))
+                       "--max-num-seqs", str(MAX_NUM_SEQS), "--max-slot-share", "1")
     yield srv
     srv.stop()
 
@@ -131,6 +134,13 @@ def test_merged_stats_add_counts_and_divide_blocks():
     assert (m.spec.accepted, m.spec.accepted_per_position, m.prefix_cache_hit_tokens) == (3, [3, 0], 6)
     assert m.rolling_acceptance == 0.9 and m.healthy is False
     assert merge_stats([]).kv_usage == 0.0 and merge_stats([]).healthy is False  # no replica
+
+
+def test_a_dead_replica_engine_crosses_the_wire_as_engine_dead():
+    failure = Failure.of(EngineDead("the engine is dead: a step ran for more than 300 s"))
+    error = failure.exception("r1")
+    assert isinstance(error, EngineDead) and str(error).startswith("replica r1: the engine is dead")
+    assert type(Failure.of(EngineError("x")).exception("r1")) is EngineError
 
 
 def test_a_pool_with_no_live_replica_is_dead_and_refuses_requests_with_engine_dead():

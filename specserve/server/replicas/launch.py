@@ -76,13 +76,14 @@ def serve_replicas(args, spec: dict | None, budgets: dict) -> int:
             graceful_shutdown_timeout_s=args.shutdown_timeout + 5,
             logging_config={"log_level": args.log_level.upper(),
                             "enable_access_log": not args.no_access_log})
-        handle = serve.run(deployment.bind(llm_kwargs(args, spec, budgets), board), name=APP_NAME,
-                           route_prefix=None)
+        handle = serve.run(deployment.bind(llm_kwargs(args, spec, budgets), board, args.step_timeout),
+                           name=APP_NAME, route_prefix=None)
         model = handle.describe.remote().result()
         log.info("specserve: %d replica(s) of %s (%d CPU each) ready in %.1f s", args.replicas,
                  args.model, cpus, time.perf_counter() - start)
         limits = ModelLimits(args.served_model_name or str(args.model), model["max_model_len"],
-                             model["vocab_size"], model["speculative"], args.max_num_seqs)
+                             model["vocab_size"], model["speculative"],
+                             args.max_num_seqs * args.replicas)  # the pool's slots
         pool = ReplicaPool(handle, board)
         app, state = build_app(pool, model["tokenizer"], limits, args.api_key, args.max_request_bytes,
                                server_limits(args))
