@@ -251,8 +251,10 @@ def _failure(state: ServerState, e: Exception, request_id: str) -> APIError:
     if isinstance(e, EngineClosed):
         return APIError(503, str(e), code="shutting_down")
     if isinstance(e, EngineError):
-        return internal_error("in the engine", e.__cause__ or e, request_id, code="engine_error")
-    return internal_error("while serving", e, request_id)
+        # the engine's own message (e.g. which replica failed) and its cause's traceback, if any
+        return internal_error("in the engine", e, traceback=e.__cause__, request_id=request_id,
+                              code="engine_error")
+    return internal_error("while serving", e, traceback=e, request_id=request_id)
 
 
 def _dead(reason: str) -> APIError:

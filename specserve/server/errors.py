@@ -87,14 +87,14 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, e: Exception) -> JSONResponse:
-        return internal_error(f"serving {request.url.path}", e).response()
+        return internal_error(f"serving {request.url.path}", e, traceback=e).response()
 
 
-def internal_error(what: str, e: BaseException, request_id: str | None = None,
-                   code: str = "internal_error") -> APIError:
-    """A 500 that names an id to look up in the log, which has the exception and traceback;
-    the body carries no internal text."""
+def internal_error(what: str, e: BaseException, *, traceback: BaseException | None,
+                   request_id: str | None = None, code: str = "internal_error") -> APIError:
+    """A 500 that names an id to look up in the log, which has the exception and the traceback
+    of `traceback` (None: none); the body carries no internal text."""
     request_id = request_id or f"err-{uuid.uuid4().hex}"
-    log.error("request %s failed %s: %r", request_id, what, e, exc_info=e)
+    log.error("request %s failed %s: %r", request_id, what, e, exc_info=traceback)
     return APIError(500, f"internal server error (request id {request_id}; see the server log)",
                     code=code)
