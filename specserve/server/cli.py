@@ -211,7 +211,8 @@ def add_limit_flags(p) -> None:
                    help="read special tokens' text in prompts and messages as the tokens "
                         "(default: as text)")
     g.add_argument("--allowed-hosts", default=",".join(d.allowed_hosts),
-                   help="comma-separated Host names the server answers to ('*': any)")
+                   help="comma-separated Host names the server answers to, besides the --host "
+                        "address itself ('*': any)")
     g.add_argument("--max-connections", type=int, default=d.max_connections)
     g.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive_s)
     g.add_argument("--header-timeout", type=float, default=d.header_timeout_s,
@@ -227,10 +228,14 @@ def server_limits(args):
     if args.step_timeout is not None and not args.step_timeout > 0:
         raise ValueError(f"--step-timeout must be > 0 seconds, got {args.step_timeout}")
 
+    hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
+    bound = args.host.strip("[]").lower()
+    if hosts and bound not in ("0.0.0.0", "::", "") and bound not in hosts:
+        hosts += (bound,)  # the address it binds, as a literal, names this server
     return ServerLimits(
         max_choices=args.max_choices, max_prompt_chars=args.max_prompt_chars,
         max_slot_share=args.max_slot_share, request_timeout=args.request_timeout,
         max_waiting=args.max_waiting, special_tokens_in_prompts=args.allow_special_tokens,
-        allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip()),
+        allowed_hosts=hosts,
         max_connections=args.max_connections, keep_alive_s=args.keep_alive_timeout,
         header_timeout_s=args.header_timeout)

@@ -63,5 +63,10 @@ def test_limit_flags_default_to_server_limits_and_set_each_field():
                                  "--header-timeout", "3"))
     assert bounds == ServerLimits(max_choices=4, max_prompt_chars=100, max_slot_share=0.25,
                                   request_timeout=9.0, max_waiting=3, special_tokens_in_prompts=True,
-                                  allowed_hosts=("a.example", "localhost"), max_connections=5,
+                                  allowed_hosts=("a.example", "localhost", "127.0.0.1"), max_connections=5,
                                   keep_alive_s=2.0, header_timeout_s=3.0)
+
+
+def test_the_bound_address_is_an_allowed_host_and_a_wildcard_adds_nothing():
+    assert server_limits(_args("--host", "192.168.1.5")).allows_host("192.168.1.5:8000")
+    assert server_limits(_args("--host", "0.0.0.0")).allowed_hosts == ServerLimits().allowed_hosts
