@@ -208,6 +208,8 @@ async def _collect(state: ServerState, jobs: list[Job], request_id: str,
             if delta.finished:
                 outputs[i] = delta.output
                 state.metrics.observe(delta.output)
+    except APIError:
+        raise
     except Exception as e:  # noqa: BLE001 - every failure gets its status (see _failure)
         raise _failure(state, e, request_id) from e
     return outputs

@@ -17,7 +17,8 @@ log = logging.getLogger("specserve.server")
 DESCRIPTION = """An OpenAI-compatible server. With no arguments it serves the default pair
 (int4 target, int4 draft, cost-aware lossless speculation) on 127.0.0.1:8000. On SIGTERM (or
 Ctrl-C) it stops accepting, lets in-flight requests finish within --shutdown-timeout seconds,
-aborts the rest (their streams end with finish_reason "abort"), and exits 0."""
+aborts the rest (their streams end with finish_reason "abort"), and exits 0; a second SIGTERM
+aborts them at once."""
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
          "KI": 1 << 10, "MI": 1 << 20, "GI": 1 << 30, "TI": 1 << 40}
