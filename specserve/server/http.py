@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import signal
+import weakref
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -32,19 +33,30 @@ class HeaderTimeoutH11(H11Protocol):
     header_timeout_s = ServerLimits().header_timeout_s  # set per server by `http_protocol`
 
     def connection_made(self, transport) -> None:
+        self._header_timer = None
         super().connection_made(transport)
         self._arm_header_timer()
+
+    def connection_lost(self, exc) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        super().connection_lost(exc)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._arm_header_timer()
 
     def _arm_header_timer(self) -> None:
-        served = self.cycle
-        self.loop.call_later(self.header_timeout_s, self._close_if_no_head, served)
+        """One timer per connection, holding no request: the cycle served so far, weakly."""
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        served = weakref.ref(self.cycle) if self.cycle is not None else None
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._close_if_no_head,
+                                                  served)
 
     def _close_if_no_head(self, served) -> None:
         """No request head arrived since the timer was armed (the cycle is the same)."""
+        served = served() if served is not None else None
         if self.cycle is served and not self.transport.is_closing() and (
                 served is None or served.response_complete):
             log.debug("closing a connection that sent no request head in %.0f s",

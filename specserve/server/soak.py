@@ -9,7 +9,8 @@ another keeps reading streams slowly. At the end it waits for the server to go i
 object: requests served, 4xx and 5xx answers, lost requests (a connection error or a stream
 without `[DONE]`, other than the deliberate disconnects), the server's resident memory at
 the start and the end (from /proc/PID/status, with --pid), and KV cache blocks in use after
-the run. Localhost only.
+the run. The starting memory is read `--warmup` seconds into the run, once the first
+requests have allocated what the server keeps for good. Localhost only.
 """
 
 from __future__ import annotations
@@ -80,14 +81,16 @@ def gauge(http: httpx.Client, name: str) -> float:
 
 
 def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens: int,
-        pid: int | None, seed: int = 0) -> dict:
+        pid: int | None, seed: int = 0, warmup: float = 0.0) -> dict:
+    """The soak; the starting memory is read `warmup` seconds into the run (buffers the first
+    requests allocate for good are not growth)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     outcomes: Counter[str] = Counter()
     lock = threading.Lock()
     stop_at = time.monotonic() + duration
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
         model = http.get("/v1/models").json()["data"][0]["id"]
-        rss_start = rss_kib(pid)
+    rss = {"start": rss_kib(pid)}
 
     def count(kind: str, outcome: str) -> None:
         with lock:
@@ -113,7 +116,12 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
                                             rng.randint(1, 4) if kind == "disconnect" else None,
                                             0.2 if kind == "slow" else 0.0))
 
+    def sample_after_warmup() -> None:
+        time.sleep(min(warmup, duration))
+        rss["start"] = rss_kib(pid)
+
     threads = [threading.Thread(target=streaming, args=(w,)) for w in range(clients)]
+    threads.append(threading.Thread(target=sample_after_warmup))
     threads.append(threading.Thread(target=misbehaving, args=(("malformed", "oversized",
                                                               "disconnect"),)))
     threads.append(threading.Thread(target=misbehaving, args=(("slow",),)))
@@ -127,7 +135,7 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
                                              or gauge(http, "vllm:num_requests_waiting")):
             time.sleep(0.2)
         kv_blocks = gauge(http, "specserve:kv_cache_blocks_used")
-    return summary(outcomes, clients, duration, rss_start, rss_kib(pid), kv_blocks)
+    return summary(outcomes, clients, duration, rss["start"], rss_kib(pid), kv_blocks)
 
 
 def summary(outcomes: Counter, clients: int, duration: float, rss_start: int | None,
@@ -153,11 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=600.0, help="seconds")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=float, default=60.0,
+                   help="seconds into the run at which the starting memory is read")
     args = p.parse_args(argv)
     if not args.url.startswith(("http://127.0.0.1", "http://localhost")):
         raise SystemExit("soak: localhost only")
     print(json.dumps(run(args.url, args.api_key, args.clients, args.duration, args.max_tokens,
-                         args.pid, args.seed)))
+                         args.pid, args.seed, args.warmup)))
     return 0
 
 
