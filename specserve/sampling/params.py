@@ -31,6 +31,8 @@ MAX_LOGPROBS = 20  # the OpenAI API's limit for `logprobs` / `top_logprobs`
 GREEDY_TEMPERATURE = 1e-5
 PENALTY_RANGE = 2.0  # presence and frequency penalties live in [-2, 2]
 SEED_LIMIT = 2**63  # seeds live in [-2**63, 2**63): an int64, as in the OpenAI API
+MAX_STOP_STRINGS = 16  # stop strings per request
+MAX_STOP_CHARS = 256  # characters per stop string
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +126,14 @@ class SamplingParams:
 
     def _check_stops(self) -> None:
         stop = _as_tuple("stop", self.stop)
+        if len(stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stop)}")
         for entry in stop:
             if not isinstance(entry, str) or not entry:
                 raise ValueError(f"stop entries must be non-empty strings, got {entry!r}")
+            if len(entry) > MAX_STOP_CHARS:
+                raise ValueError(f"stop entries must be at most {MAX_STOP_CHARS} characters, "
+                                 f"got one of {len(entry)}")
             if not entry.isascii() and any("\ud800" <= c <= "\udfff" for c in entry):
                 raise ValueError(f"stop entries must be valid Unicode (no lone surrogates), "
                                  f"got {entry!r}")

@@ -15,10 +15,12 @@ from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 log = logging.getLogger("specserve.server")
 DESCRIPTION = """An OpenAI-compatible server. With no arguments it serves the default pair
-(int4 target, int4 draft, cost-aware lossless speculation) on 127.0.0.1:8000; any other --model
-is served with the default draft only where their vocabularies match, else with prompt lookup. On SIGTERM (or
+(int4 target, int4 draft, hybrid lossless speculation) on 127.0.0.1:8000; any other --model
+is served with the default draft only where their vocabularies match, else with suffix drafting
+alone. On SIGTERM (or
 Ctrl-C) it stops accepting, lets in-flight requests finish within --shutdown-timeout seconds,
-aborts the rest (their streams end with finish_reason "abort"), and exits 0."""
+aborts the rest (their streams end with finish_reason "abort"), and exits 0; a second SIGTERM
+aborts them at once."""
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 UNITS = {"": 1, "B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
          "KI": 1 << 10, "MI": 1 << 20, "GI": 1 << 30, "TI": 1 << 40}
@@ -69,6 +71,7 @@ def add_parser(sub) -> None:
                    "deployments behind this one endpoint (default: one engine in this process, no Ray)")
     g.add_argument("--ray-address", default=None, help="join this Ray cluster (e.g. ray://head:10001 "
                    "or auto) instead of starting a local Ray instance")
+    add_limit_flags(p)
     p.set_defaults(func=cmd_serve)
 
 
@@ -127,6 +130,7 @@ def check_args(args) -> None:
 
 def cmd_serve(args) -> int:
     check_args(args)
+    bounds = server_limits(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s:     %(message)s")
     kv_bytes = parse_size(args.kv_cache_memory)
     spec = speculative_config(args)  # flags first; then, with none, the default's choice
@@ -147,10 +151,11 @@ def cmd_serve(args) -> int:
     draft = f" + draft {llm.draft.path.name}" if llm.draft is not None else ""
     log.info("specserve: loaded %s%s (%s weights, speculation %s) in %.1f s", llm.target.path.name,
              draft, args.weights, spec or "off", time.perf_counter() - start)
-    engine = AsyncEngine.from_llm(llm)
+    engine = AsyncEngine.from_llm(llm, step_timeout=args.step_timeout)
     limits = ModelLimits(args.served_model_name or str(args.model), llm.engine.config.max_model_len,
-                         llm.target.config.vocab_size, llm.spec is not None)
-    app, state = build_app(engine, llm.tokenizer, limits, args.api_key, args.max_request_bytes)
+                         llm.target.config.vocab_size, llm.spec is not None, args.max_num_seqs)
+    app, state = build_app(engine, llm.tokenizer, limits, args.api_key, args.max_request_bytes,
+                           bounds)
     try:
         asyncio.run(_serve(app, state, args))
     finally:
@@ -159,12 +164,11 @@ def cmd_serve(args) -> int:
 
 
 async def _serve(app, state, args) -> None:
-    import uvicorn
+    from specserve.server import http
 
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            access_log=not args.no_access_log, lifespan="off",
-                            timeout_graceful_shutdown=args.shutdown_timeout + 5)
-    server = uvicorn.Server(config)
+    http.warn_if_exposed(args.host, args.api_key, state.bounds)
+    server = http.server(app, args.host, args.port, state.bounds, args.log_level,
+                         not args.no_access_log, args.shutdown_timeout + 5)
     drain = asyncio.create_task(_drain_on_exit(server, state, args))
     # uvicorn restores the handlers it found and then re-raises the signal it caught: let that
     # land on a handler that does nothing, so a SIGTERM ends in a clean exit 0
@@ -172,6 +176,8 @@ async def _serve(app, state, args) -> None:
         signal.signal(sig, lambda *_: None)
     try:
         await server.serve()
+        if server.force_exit:  # a second signal: abort everything now
+            await asyncio.to_thread(state.engine.shutdown, 0)
         await drain
     finally:
         drain.cancel()
@@ -193,3 +199,52 @@ async def _drain_on_exit(server, state, args) -> None:
              stats.running, stats.waiting, args.shutdown_timeout)
     await asyncio.to_thread(state.engine.shutdown, args.shutdown_timeout)
     log.info("specserve: engine stopped")
+
+
+def add_limit_flags(p) -> None:
+    """Flags of `ServerLimits` (server/limits.py) and the engine's step watchdog."""
+    from specserve.server.limits import ServerLimits
+
+    d = ServerLimits()
+    g = p.add_argument_group("limits (what one request, one client and the server may ask for)")
+    g.add_argument("--max-waiting", type=int, default=d.max_waiting, help="sequences admitted "
+                   "beyond the engine's slots; beyond them requests get 429 with Retry-After")
+    g.add_argument("--request-timeout", type=float, default=d.request_timeout,
+                   help="seconds a request may run before it is aborted with 504 (default: none)")
+    g.add_argument("--max-slot-share", type=float, default=d.max_slot_share,
+                   help="share of the sequence slots one request may hold at once")
+    g.add_argument("--max-choices", type=int, default=d.max_choices, help="prompts × n per request")
+    g.add_argument("--max-prompt-chars", type=int, default=d.max_prompt_chars,
+                   help="characters of prompt text per request, checked before tokenizing")
+    g.add_argument("--allow-special-tokens", action="store_true",
+                   help="read special tokens' text in prompts and messages as the tokens "
+                        "(default: as text)")
+    g.add_argument("--allowed-hosts", default=",".join(d.allowed_hosts),
+                   help="comma-separated Host names the server answers to, besides the --host "
+                        "address itself ('*': any)")
+    g.add_argument("--max-connections", type=int, default=d.max_connections)
+    g.add_argument("--keep-alive-timeout", type=float, default=d.keep_alive_s)
+    g.add_argument("--header-timeout", type=float, default=d.header_timeout_s,
+                   help="seconds a connection gets to send a request head")
+    g.add_argument("--step-timeout", type=float, default=300.0, help="seconds one engine step may "
+                   "take before the engine counts as dead (503 engine_dead, /health 503)")
+
+
+def server_limits(args):
+    """The `ServerLimits` the flags ask for (ValueError naming the flag's field)."""
+    from specserve.server.limits import ServerLimits
+
+    if args.step_timeout is not None and not args.step_timeout > 0:
+        raise ValueError(f"--step-timeout must be > 0 seconds, got {args.step_timeout}")
+
+    hosts = tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip())
+    bound = args.host.strip("[]").lower()
+    if hosts and bound not in ("0.0.0.0", "::", "") and bound not in hosts:
+        hosts += (bound,)  # the address it binds, as a literal, names this server
+    return ServerLimits(
+        max_choices=args.max_choices, max_prompt_chars=args.max_prompt_chars,
+        max_slot_share=args.max_slot_share, request_timeout=args.request_timeout,
+        max_waiting=args.max_waiting, special_tokens_in_prompts=args.allow_special_tokens,
+        allowed_hosts=hosts,
+        max_connections=args.max_connections, keep_alive_s=args.keep_alive_timeout,
+        header_timeout_s=args.header_timeout)

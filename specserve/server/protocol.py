@@ -21,7 +21,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.sampling.params import MAX_LOGPROBS
+from specserve.sampling.params import MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from specserve.speculative.config import MAX_SPECULATIVE_TOKENS
 
 INT64 = 2**63
@@ -45,7 +45,8 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
-StopField = Union[str, Annotated[list[str], Field(max_length=16)], None]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+StopField = Union[StopString, Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)], None]
 Seed = Annotated[int, Field(ge=-INT64, lt=INT64)]
 
 
@@ -54,7 +55,8 @@ class SamplingFields(_Body):
 
     model: str = Field(description="the served model's name (see /v1/models)")
     n: Annotated[int, Field(ge=1, le=16)] = 1
-    stop: StopField = Field(None, description="up to 16 stop strings")
+    stop: StopField = Field(None, description=f"up to {MAX_STOP_STRINGS} stop strings of up to "
+                                               f"{MAX_STOP_CHARS} characters")
     seed: Seed | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import ray
 from ray import serve
 
-from specserve.engine.async_engine import EngineClosed, EngineError
+from specserve.engine.async_engine import EngineClosed, EngineDead, EngineError
 
 log = logging.getLogger("specserve.server")
 STATS_PERIOD_S = 0.5
@@ -26,13 +26,14 @@ STATS_PERIOD_S = 0.5
 
 @dataclass(frozen=True)
 class Failure:
-    kind: str  # "value" (bad input) | "closed" (shutting down) | "engine" (failed in the engine)
+    kind: str  # "value" (bad input) | "closed" (shutting down) | "dead" (the replica's engine
+    # is dead) | "engine" (failed in the engine)
     message: str
 
     @classmethod
     def of(cls, e: Exception) -> "Failure":
         kind = ("value" if isinstance(e, ValueError) else "closed" if isinstance(e, EngineClosed)
-                else "engine")
+                else "dead" if isinstance(e, EngineDead) else "engine")
         return cls(kind, str(e))
 
     def exception(self, replica: str) -> Exception:
@@ -40,6 +41,8 @@ class Failure:
             return ValueError(self.message)
         if self.kind == "closed":
             return EngineClosed(self.message)
+        if self.kind == "dead":
+            return EngineDead(f"replica {replica}: {self.message}")
         return EngineError(f"replica {replica}: {self.message}")
 
 
@@ -93,7 +96,7 @@ class StatsBoard:
 class EngineReplica:
     """One engine. Ray Serve makes N of these, restarts dead ones and routes calls to them."""
 
-    def __init__(self, llm_kwargs: dict, board) -> None:
+    def __init__(self, llm_kwargs: dict, board, step_timeout: float | None = None) -> None:
         from specserve.engine.async_engine import AsyncEngine
         from specserve.llm import LLM
 
@@ -107,7 +110,7 @@ class EngineReplica:
             self.start_failure = StartFailure("value" if isinstance(e, ValueError) else "os",
                                               str(e))
             return
-        self.engine = AsyncEngine.from_llm(self.llm)
+        self.engine = AsyncEngine.from_llm(self.llm, step_timeout=step_timeout)
         self.board, self.served = board, 0
         self._poster = threading.Thread(target=self._post_stats, name="stats-poster", daemon=True)
         self._poster.start()
@@ -134,10 +137,18 @@ class EngineReplica:
         finally:
             self.served += 1
 
+    def check_health(self) -> None:
+        """Ray Serve's periodic probe: a dead engine fails it, and Ray Serve replaces the replica
+        (meanwhile it posts no figures, so the pool stops routing to it)."""
+        if self.engine.dead_reason is not None:
+            raise RuntimeError(f"replica {self.replica}: the engine is dead: {self.engine.dead_reason}")
+
     def _post_stats(self) -> None:
         node = ray.get_runtime_context().get_node_id()
         draining = False
         while not self._stop.wait(STATS_PERIOD_S):
+            if self.engine.dead_reason is not None:
+                return
             try:
                 deadline = ray.get(self.board.post.remote(ReplicaInfo(
                     self.replica, os.getpid(), node, self.engine.stats(), self.served, time.time())))

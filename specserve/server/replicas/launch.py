@@ -48,7 +48,7 @@ def serve_replicas(args, spec: dict | None, budgets: dict) -> int:
     from ray.serve.config import RequestRouterConfig
 
     from specserve.server.app import build_app
-    from specserve.server.cli import _serve
+    from specserve.server.cli import _serve, server_limits
     from specserve.server.preparation import ModelLimits
     from specserve.server.replicas.deployment import EngineReplica, StatsBoard
     from specserve.server.replicas.pool import ReplicaPool
@@ -76,17 +76,19 @@ def serve_replicas(args, spec: dict | None, budgets: dict) -> int:
             graceful_shutdown_timeout_s=args.shutdown_timeout + 5,
             logging_config={"log_level": args.log_level.upper(),
                             "enable_access_log": not args.no_access_log})
-        handle = serve.run(deployment.bind(llm_kwargs(args, spec, budgets), board), name=APP_NAME,
-                           route_prefix=None)
+        handle = serve.run(deployment.bind(llm_kwargs(args, spec, budgets), board, args.step_timeout),
+                           name=APP_NAME, route_prefix=None)
         model = handle.describe.remote().result()
         if "start_failure" in model:  # every replica fails alike: say it once, as one process would
             raise model["start_failure"].exception()
         log.info("specserve: %d replica(s) of %s (%d CPU each) ready in %.1f s", args.replicas,
                  args.model, cpus, time.perf_counter() - start)
         limits = ModelLimits(args.served_model_name or str(args.model), model["max_model_len"],
-                             model["vocab_size"], model["speculative"])
+                             model["vocab_size"], model["speculative"],
+                             args.max_num_seqs * args.replicas)  # the pool's slots
         pool = ReplicaPool(handle, board)
-        app, state = build_app(pool, model["tokenizer"], limits, args.api_key, args.max_request_bytes)
+        app, state = build_app(pool, model["tokenizer"], limits, args.api_key, args.max_request_bytes,
+                               server_limits(args))
         state.metrics.registry.register(ReplicaCollector(pool, limits.name))
         asyncio.run(_serve(app, state, args))
     finally:
