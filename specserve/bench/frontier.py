@@ -107,20 +107,25 @@ class FrontierRun:
                    for t in self.opt.temperatures for c in self.configs)
 
     def llm(self, cfg: FrontierConfig):
+        """The LLM for cfg's speculative config, built (and warmed up once on the longest
+        prompt, so its KV blocks are mapped before any timed call) on first use."""
         from specserve.llm import LLM
 
         key = repr(sorted((cfg.spec or {}).items()))
         if key not in self._llms:
             spec = dict(cfg.spec, model=str(self.bench.draft.path)) if cfg.spec else None
-            self._llms[key] = LLM(self.bench.target, draft=self.bench.draft,
-                                  speculative_config=spec, max_num_seqs=1,
-                                  max_model_len=self._max_len, enable_prefix_caching=False)
+            llm = LLM(self.bench.target, draft=self.bench.draft, speculative_config=spec,
+                      max_num_seqs=1, max_model_len=self._max_len, enable_prefix_caching=False)
+            longest = max((p[2] for p in self.prompts), key=len)
+            llm.generate(longest, SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True,
+                                                 temperature=0.0))
+            self._llms[key] = llm
         return self._llms[key]
 
     def warm_up(self) -> None:
-        """One short untimed call per configuration and temperature (kernels, allocations,
-        the verifier's code path), on the longest prompt."""
-        ids = max((p[2] for p in self.prompts), key=len)
+        """One short untimed call per configuration and temperature (the verifier's code
+        path), on the first 32 tokens of the first prompt."""
+        ids = self.prompts[0][2][:32]
         for temperature in self.opt.temperatures:
             for cfg in self.configs:
                 params = SamplingParams(temperature=temperature, max_tokens=WARMUP_TOKENS,
