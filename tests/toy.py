@@ -60,10 +60,11 @@ def mentored(p: torch.Tensor, q: torch.Tensor, budget: float) -> torch.Tensor:
 
 
 def exact_continuations(P: torch.Tensor, Q: torch.Tensor, first: int, n: int, k: int,
-                        budget: float, bonus: bool = True) -> dict[tuple[int, ...], float]:
+                        budget, bonus: bool = True) -> dict[tuple[int, ...], float]:
     """Exact law of the n generated tokens after prompt token `first`: the first from the
     target (prefill), then speculative rounds of min(k, tokens left - bonus) drafts sampled
-    from Q, verified with TV budget `budget`, bonus from P when all are accepted."""
+    from Q, verified with TV budget `budget` (a number, or a function of the target's row p
+    giving that position's budget), bonus from P when all are accepted."""
     P, Q = P.double(), Q.double()
     P, Q = P / P.sum(-1, keepdim=True), Q / Q.sum(-1, keepdim=True)
     law: dict[tuple[int, ...], float] = {}
@@ -82,7 +83,7 @@ def exact_continuations(P: torch.Tensor, Q: torch.Tensor, first: int, n: int, k:
 
     def draft_pos(seq, prob, i, kk):
         p, q = P[seq[-1]], Q[seq[-1]]
-        pi = mentored(p, q, budget)
+        pi = mentored(p, q, budget(p) if callable(budget) else budget)
         for y in range(P.shape[0]):
             acc = float(torch.minimum(q[y], pi[y]))
             rec = float((pi[y] - q[y]).clamp_min(0))

@@ -27,6 +27,8 @@ from specserve.engine.scheduler import Chunk, Scheduler, StepPlan
 from specserve.engine.sequence import Sequence, Status
 from specserve.models.kv_cache import check_kv_cache_dtype
 from specserve.models.tokenizer import Tokenizer
+from specserve.sampling.entropy import entropy_budgets, gate_distribution
+from specserve.sampling.fly import FlySettings, verify_fly
 from specserve.sampling.params import SamplingParams
 from specserve.sampling.processors import processed_probs
 from specserve.sampling.rejection import VerifyResult, verify, verify_greedy
@@ -310,17 +312,26 @@ class LLMEngine:
         self.scheduler.commit(seq)
 
     def _sample_round(self, seq: Sequence, prop: Proposal, logits: torch.Tensor) -> VerifyResult:
-        """Turn the target's k + 1 rows of logits into the round's tokens."""
+        """Turn the target's k + 1 rows of logits into the round's tokens: lossless or mentored
+        (a flat budget, or one shaped by the target's entropy), with FLy when the request asks."""
         drafts = torch.tensor(prop.tokens, dtype=torch.long)  # [k]
-        target_probs = processed_probs(logits, seq.params, seq.token_ids, seq.prompt_len,
+        params = seq.params
+        target_probs = processed_probs(logits, params, seq.token_ids, seq.prompt_len,
                                        drafts)  # [k + 1, vocab]
         bonus = self.spec.config.bonus_token if self.spec else True
-        if seq.params.greedy and seq.tv_budget == 0.0:
+        fly = FlySettings.of(params) if prop.k >= 2 else None
+        shaped = params.tv_entropy_top_k is not None and seq.tv_budget > 0 and prop.k > 0
+        if params.greedy and seq.tv_budget == 0.0 and fly is None:
             return verify_greedy(drafts, target_probs, bonus)
+        gate = gate_distribution(logits, target_probs, params.greedy) if fly or shaped else None
+        budget = (entropy_budgets(gate[:prop.k], seq.tv_budget, params.tv_entropy_top_k)
+                  if shaped else seq.tv_budget)
         uniforms = torch.rand(prop.k, generator=seq.generator, dtype=torch.float64)  # [k]
         residual_u = float(torch.rand((), generator=seq.generator, dtype=torch.float64))
-        return verify(drafts, prop.draft_probs, target_probs, uniforms, residual_u,
-                      seq.tv_budget, bonus)
+        if fly is not None:
+            return verify_fly(drafts, prop.draft_probs, target_probs, uniforms, residual_u, fly,
+                              gate, budget, bonus)
+        return verify(drafts, prop.draft_probs, target_probs, uniforms, residual_u, budget, bonus)
 
     def _commit(self, seq: Sequence, prop: Proposal, res: VerifyResult, logits: torch.Tensor,
                 draft_time: float, verify_time: float) -> None:

@@ -41,7 +41,10 @@ class SamplingParams:
 
     `temperature=0` (or below `GREEDY_TEMPERATURE`, or `top_k=1`) is greedy decoding; see
     `greedy`. `tv_budget` overrides the engine's mentored-decoding budget D for this
-    request (None: use the engine's).
+    request (None: use the engine's); `tv_entropy_top_k` = k spends it where the target is
+    uncertain, D_i = D * h_k(p_i) (see `sampling/entropy.py`; None: D at every position).
+    `fly_window` = W turns on FLy verification for this request (see `sampling/fly.py`;
+    None: off), with `fly_entropy_threshold` tau and `fly_top_k` for its entropy gate.
     """
 
     n: int = 1
@@ -60,6 +63,10 @@ class SamplingParams:
     logprobs: int | None = None
     tv_budget: float | None = None
     include_stop_str_in_output: bool = False
+    tv_entropy_top_k: int | None = None
+    fly_window: int | None = None
+    fly_entropy_threshold: float = 0.3
+    fly_top_k: int = 3
 
     def __post_init__(self) -> None:
         self._check_counts()
@@ -67,6 +74,7 @@ class SamplingParams:
         self._check_penalties()
         self._check_stops()
         self._check_misc()
+        self._check_lossy()
 
     @property
     def greedy(self) -> bool:
@@ -151,6 +159,29 @@ class SamplingParams:
             if not 0 <= budget <= 1:
                 raise ValueError(f"tv_budget must be in [0, 1], got {self.tv_budget!r}")
             self._set("tv_budget", budget)
+
+    def _check_lossy(self) -> None:
+        if self.tv_entropy_top_k is not None:
+            self._set("tv_entropy_top_k", require_int("tv_entropy_top_k", self.tv_entropy_top_k,
+                                                      minimum=2))
+        window, tau, top_k = check_fly("fly", self.fly_window if self.fly_window is not None
+                                       else 1, self.fly_entropy_threshold, self.fly_top_k)
+        if self.fly_window is not None:
+            self._set("fly_window", window)
+        self._set("fly_entropy_threshold", tau)
+        self._set("fly_top_k", top_k)
+
+
+def check_fly(prefix: str, window: object, entropy_threshold: object,
+              top_k: object) -> tuple[int, float, int]:
+    """FLy's settings, checked: window W >= 1, entropy threshold in [0, 1], top-k >= 2 (the
+    errors name `{prefix}_window`, `{prefix}_entropy_threshold`, `{prefix}_top_k`)."""
+    window = require_int(f"{prefix}_window", window, minimum=1)
+    tau = require_real(f"{prefix}_entropy_threshold", entropy_threshold)
+    if not 0.0 <= tau <= 1.0:  # also rejects NaN
+        raise ValueError(f"{prefix}_entropy_threshold must be in [0, 1], got {entropy_threshold!r}")
+    top_k = require_int(f"{prefix}_top_k", top_k, minimum=2)
+    return window, tau, top_k
 
 
 def require_int(

@@ -131,10 +131,21 @@ def _job(req: SamplingFields, ids: list[int], prompt_param: str, max_tokens: int
             repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty, seed=req.seed, max_tokens=max_tokens,
             stop=req.stop, stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
-            logprobs=logprobs)
+            logprobs=logprobs, **lossy_fields(req))
     except ValueError as e:
         raise from_value_error(e) from e
     return Job(ids, params, speculation_override(req, limits))
+
+
+LOSSY_FIELDS = ("tv_entropy_top_k", "fly_window", "fly_entropy_threshold", "fly_top_k")
+
+
+def lossy_fields(req: SamplingFields) -> dict:
+    """The lossy verifiers' settings a `speculative` object gives, as SamplingParams fields."""
+    spec = req.speculative
+    if spec is None or isinstance(spec, bool) or not spec.enabled:
+        return {}
+    return {name: getattr(spec, name) for name in LOSSY_FIELDS if getattr(spec, name) is not None}
 
 
 def speculation_override(req: SamplingFields, limits: ModelLimits) -> SpeculationOverride | None:

@@ -6,7 +6,9 @@ plus vLLM's sampling extras (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos
 
 - `speculative`: per-request speculation. `false` turns it off for this request; an object
   `{"enabled": bool, "num_speculative_tokens": k, "tv_budget": D}` sets a fixed draft length
-  (`-1` lets the cost-aware policy choose) and the mentored-decoding budget.
+  (`-1` lets the cost-aware policy choose) and the mentored-decoding budget; it may also ask
+  for the entropy-aware budget (`tv_entropy_top_k`) or FLy (`fly_window`,
+  `fly_entropy_threshold`, `fly_top_k`), the `SamplingParams` fields of those names.
 - `return_token_origins`: `true` adds `origins` (one of plain / accepted / recovered / bonus
   per token) to every choice and stream delta.
 
@@ -39,6 +41,14 @@ class SpeculativeOptions(_Body):
         None, description="a fixed draft length k for this request; -1: the cost-aware policy chooses")
     tv_budget: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
         None, description="mentored decoding: total-variation budget D in [0, 1] (0 = lossless)")
+    tv_entropy_top_k: Annotated[int, Field(ge=2)] | None = Field(
+        None, description="spend the budget where the target is unsure: D_i = D * h_k(p_i)")
+    fly_window: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="FLy verification: the later drafts that must pass (off when omitted)")
+    fly_entropy_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        None, description="FLy: the normalized top-k entropy at which a rejection may be deferred")
+    fly_top_k: Annotated[int, Field(ge=2)] | None = Field(
+        None, description="FLy: the k of its top-k entropy gate")
 
 
 class StreamOptions(_Body):
