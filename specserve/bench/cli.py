@@ -210,7 +210,7 @@ def cmd_bench(args) -> int:
     options = BenchOptions(max_tokens=args.max_tokens, repeats=args.repeats, seeds=args.seeds,
                            quality=not args.no_quality, prefix_caching=args.prefix_caching)
     target = load_model(args.model, args.dtype, args.weights)
-    needs_draft = any(c.spec and c.spec.get("method", "draft_model") == "draft_model" for c in configs)
+    needs_draft = any(c.spec and suites.uses_draft(c.spec) for c in configs)
     wants_draft = needs_draft or ("transformers" in args.compare and not args.no_assisted)
     draft = load_model(args.draft_model, args.dtype, args.weights) if wants_draft else None
     log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s)"

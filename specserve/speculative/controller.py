@@ -129,6 +129,12 @@ class SpeculationController:
             self.lookup.finish(seq, keep=completed)
         self._seqs.pop(seq.seq_id, None)
 
+    def clear_cache(self) -> None:
+        """Forget the earlier requests' outputs the lookup keeps (if it keeps any)."""
+        cache = getattr(self.lookup, "cache", None)
+        if cache is not None:
+            cache.clear()
+
     def pending(self) -> bool:
         """Whether the draft model has prefill work even when no sequence drafts."""
         return self.model is not None and self.model.pending()

@@ -64,6 +64,12 @@ class SuffixCache:
         self.num_tokens = 0
         self._next_id = 0
 
+    def clear(self) -> None:
+        """Forget every output (a benchmark's calls each start from an empty cache)."""
+        self.docs.clear()
+        self.index.clear()
+        self.num_tokens = 0
+
     def add(self, tokens: list[int]) -> None:
         """Keep `tokens` (a finished output); evict the least recently used past the bound."""
         if len(tokens) <= KEY_LEN or len(tokens) > self.max_tokens:

@@ -207,3 +207,48 @@ def test_cost_aware_engine_starts_calibrated(int8_pair):
     assert cost.draft_prefill_time(100) == pytest.approx(100 * measured["draft_prefill_s"])
     # a fixed-k engine does not spend start-up time calibrating
     assert LLM(target, draft=draft, speculative_config=spec(2)).engine.cost.verify_time(0) == 1.0
+
+
+@pytest.mark.parametrize("method", ["suffix", "hybrid"])
+def test_lookup_led_methods_greedy_equal_target_only(int8_pair, method):
+    target, draft = int8_pair
+    plain = LLM(target).generate(PROMPT, greedy(48))[0].outputs[0]
+    llm = LLM(target, draft=draft, speculative_config={"method": method, "model": "draft"})
+    out = llm.generate(PROMPT, greedy(48))[0].outputs[0]
+    assert out.token_ids == plain.token_ids
+
+
+def test_a_second_request_repeating_the_first_ones_output_drafts_from_it(int8_pair):
+    """Cross-request reuse: the first request's output joins the shared cache; the second
+    request (same prompt, greedy: the same answer) gets candidates from it, which the first
+    never had, and accepts at least as much as with the cache off. Outputs are identical."""
+    target, _ = int8_pair
+    prompt, n = [7, 91, 12, 64, 3, 77, 105, 21], 64
+    accepted = {}
+    for tokens in (0, 1 << 16):
+        llm = LLM(target, speculative_config={"method": "suffix", "suffix_cache_tokens": tokens,
+                                              "num_speculative_tokens": 8})
+        lookup, seen = llm.engine.spec.lookup, []
+        candidate = lookup.candidate
+        lookup.candidate = lambda seq, limit: seen.append(c := candidate(seq, limit)) or c
+        first = llm.generate(prompt, greedy(n))[0].outputs[0]
+        in_first = len(seen)
+        second = llm.generate(prompt, greedy(n))[0].outputs[0]
+        assert second.token_ids == first.token_ids
+        assert not any(c.from_cache for c in seen[:in_first])
+        from_cache = [c for c in seen[in_first:] if c.from_cache]
+        if tokens:
+            assert lookup.cache.num_tokens == 2 * n and from_cache  # both outputs kept
+        else:
+            assert lookup.cache is None and not from_cache
+        accepted[tokens] = second.spec.accepted
+    assert accepted[1 << 16] >= accepted[0] and accepted[1 << 16] >= 0.8 * n
+
+
+def test_eight_hybrid_requests_at_once_equal_target_only(int8_pair):
+    target, draft = int8_pair
+    prompts = [[(7 * i + j) % 100 + 3 for j in range(6 + i)] for i in range(8)]
+    plain = [o.outputs[0].token_ids for o in LLM(target).generate(prompts, greedy(32))]
+    llm = LLM(target, draft=draft, max_num_seqs=8,
+              speculative_config={"method": "hybrid", "model": "draft"})
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(32))] == plain
