@@ -27,8 +27,6 @@ from specserve.weights.config import LoadConfig
 # the engine's `--tv-budget` here, and there is no output for logprobs
 GENERATE_SAMPLING = {"temperature": 0.0, "max_tokens": 256}
 SAMPLING_EXCLUDED = ("logprobs", "tv_budget")
-DEMO_PROMPT = ("Write a Python function that checks whether a string is a palindrome, "
-               "ignoring case and punctuation. Explain it briefly.")
 
 
 def sampling_params(args: argparse.Namespace):
@@ -105,28 +103,15 @@ def _stats_line(out) -> str:
 
 
 def cmd_demo(args) -> int:
-    """Target-only vs speculative on one prompt, side by side."""
-    from specserve.llm import LLM
-    from specserve.weights.loader import load_model
+    """The cost-aware default vs target-only on a code edit and an open question (`demo.py`)."""
+    from specserve import demo
 
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    prompt = read_text_file("--prompt-file", args.prompt_file) if args.prompt_file else DEMO_PROMPT
-    target = load_model(args.model, args.dtype, args.weights)
-    draft = load_model(args.draft_model, args.dtype, args.weights)
-    print(f"# target {target.path.name} loaded in {target.load_seconds:.1f}s; "
-          f"draft {draft.path.name} in {draft.load_seconds:.1f}s", file=sys.stderr)
-    messages = [{"role": "user", "content": prompt}]
-    plain = LLM(target).chat(messages, params)[0].outputs[0]
-    spec = LLM(target, draft=draft, speculative_config={
-        "method": "draft_model", "model": args.draft_model,
-        "num_speculative_tokens": args.num_speculative_tokens}).chat(messages, params)[0].outputs[0]
-    print(spec.text)
-    print(f"# target-only: {_stats_line(plain)[2:]}")
-    print(f"# speculative: {_stats_line(spec)[2:]}")
-    if plain.decode_tokens_per_s and spec.decode_tokens_per_s:
-        same = "identical" if plain.token_ids == spec.token_ids else "DIFFERENT"
-        print(f"# speedup {spec.decode_tokens_per_s / plain.decode_tokens_per_s:.2f}x "
-              f"(greedy outputs {same})")
+    prompts = (("your prompt", read_text_file("--prompt-file", args.prompt_file)),) \
+        if args.prompt_file else demo.WORKLOADS
+    results = demo.run(args.model, args.draft_model, args.dtype, args.weights, args.max_tokens,
+                       args.num_speculative_tokens, prompts)
+    for r in results:
+        print("\n".join(r.lines()))
     return 0
 
 
@@ -151,11 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print outputs as JSON lines")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("demo", help="target-only vs speculative decoding on the default pair")
+    p = sub.add_parser("demo", help="the cost-aware default vs target-only on the default pair: "
+                       "a code edit and an open question")
     add_flags(p, LoadConfig)
     add_flag(p, SpeculativeConfig, "model", default=DEFAULT_DRAFT)
-    add_flag(p, SpeculativeConfig, "num_speculative_tokens", default=4)
-    add_flag(p, SamplingParams, "max_tokens", default=128)
+    add_flag(p, SpeculativeConfig, "num_speculative_tokens", default=-1)
+    add_flag(p, SamplingParams, "max_tokens", default=160)
     p.add_argument("--prompt-file", default=None)
     p.set_defaults(func=cmd_demo)
 

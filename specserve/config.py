@@ -13,19 +13,21 @@ Both interfaces end in this tree: the Python API through `LLMConfig.from_kwargs`
 
 To add an option, add a field to the node it belongs to, e.g. in `EngineConfig`:
 
-    max_waiting: int | None = option(None, "refuse requests beyond this many waiting")
+    max_prefill_seqs: int | None = option(None, "sequences prefilled in one step at most")
 
 and check it in that node's `__post_init__`. It is then a keyword of `LLM(...)` (an
 `EngineConfig` field) or a key of `speculative_config` (a `SpeculativeConfig` field), and the
-flag `--max-waiting` of every command that offers the node, with the same default and help.
+flag `--max-prefill-seqs` of every command that offers the node, with the same default and help.
 
 Speculation on the command line: `--speculative-config JSON` (vLLM's shape) is the base;
-`--speculative-method`, `--ngram` (method ngram) and `--draft-model` (method draft_model)
-choose the method, and every other `SpeculativeConfig` flag (`-k`, `--tv-budget`, ...) is laid
-over it. Without a JSON base the command's default speculation is the base (`generate`: none,
-so a flag like `-k` alone is an error; `serve`: the default draft with cost-aware k), unless a
-flag picks another method than the default's. `--no-speculation` turns speculation off and
-contradicts every other speculation flag.
+`--speculative-method`, `--ngram` (method ngram) and `--draft-model` (method draft_model, k -1
+unless given) choose the method, and every other `SpeculativeConfig` flag (`-k`, `--tv-budget`,
+...) is laid over it. Without a JSON base or a method flag the command's default speculation
+is the base (`generate`: none, so a flag like `-k` alone is an error; `serve`: decided for the
+model given, `server/default_speculation.py`: hybrid with the default draft for the default
+pair or a target of its vocabulary, else suffix drafting, cost-aware k); a method flag starts
+from that method's own defaults. `--no-speculation` turns speculation off and contradicts
+every other speculation flag.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import argparse
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from typing import Callable
 
 from specserve.engine.config import EngineConfig
 from specserve.hub.registry import DEFAULT_TARGET
@@ -87,10 +90,12 @@ class LLMConfig:
             return cls(load, engine, SpeculativeConfig.from_dict(raw))
 
 
-def add_llm_flags(parser: argparse.ArgumentParser, speculation: dict | None = None,
+def add_llm_flags(parser: argparse.ArgumentParser,
+                  speculation: Callable[[argparse.Namespace], dict] | None = None,
                   title: str = "speculative decoding") -> None:
-    """`LoadConfig`'s, `EngineConfig`'s and the speculation flags; `speculation`: the
-    command's default speculative config (None: off unless a flag asks for it)."""
+    """`LoadConfig`'s, `EngineConfig`'s and the speculation flags; `speculation`: a function
+    of the parsed flags giving the command's default speculative config, called only when
+    no flag names a method (None: off unless a flag asks for it)."""
     add_flags(parser, LoadConfig)
     add_flags(parser.add_argument_group("engine"), EngineConfig)
     g = parser.add_argument_group(title)
@@ -120,10 +125,10 @@ def speculative_config(args: argparse.Namespace) -> dict | None:
     default = args.speculation_default
     if args.speculative_config:
         base = _json_object("--speculative-config", args.speculative_config)
-    elif default is not None and chosen.get("method", default.get("method")) == default.get("method"):
-        base = dict(default)
     elif "method" in chosen:
         base = {}
+    elif default is not None:
+        base = dict(default(args))
     elif chosen:
         raise ValueError(f"{_flags(chosen, args)} need speculation: give --draft-model, --ngram, "
                          "--speculative-method or --speculative-config")

@@ -21,16 +21,15 @@ from specserve.config import LLMConfig
 from specserve.engine.config import EngineConfig
 from specserve.engine.engine import LLMEngine
 from specserve.engine.outputs import RequestOutput
-from specserve.engine.runner import ModelRunner, build_runners
+from specserve.engine.runner import build_runners
 from specserve.inputs import check_conversations, check_draft, check_generate_inputs
 from specserve.weights.loader import LoadedModel, load_model
 from specserve.hub.registry import DEFAULT_TARGET
 from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.params import SamplingParams, require_bool
 from specserve.speculative.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
-from specserve.speculative.draft_model import DraftModelDrafter
-from specserve.speculative.drafter import Drafter
-from specserve.speculative.ngram import NgramDrafter
+from specserve.speculative.controller import build_controller
+from specserve.speculative.draft_head import restricted_head
 
 
 class LLM:
@@ -55,20 +54,27 @@ class LLM:
         max_len = min(self.config.engine.max_model_len, self.target.config.max_position)
         config = replace(self.config.engine, max_model_len=max_len)
         self.draft = draft
-        if self.spec is not None and self.spec.method == "draft_model":
+        uses_draft = self.spec is not None and self.spec.uses_draft_model
+        if uses_draft:
             self._load_draft(dtype)
         # KV blocks by budget, the same number for the target and the draft; one sequence of
         # max_model_len positions plus a round's drafts must fit
         runner, draft_runner = build_runners(
-            self.target.model,
-            self.draft.model if self.spec is not None and self.spec.method == "draft_model" else None,
+            self.target.model, self.draft.model if uses_draft else None,
             config.kv_cache_memory, config.block_size, max_len + MAX_SPECULATIVE_TOKENS + 1,
-            config.enable_prefix_caching, config.kv_cache_dtype)
-        drafter = self._build_drafter(draft_runner, config) if self.spec else None
-        self.engine = LLMEngine(runner, self.target.tokenizer, config, self.spec, drafter)
-        if self.spec is not None and self.spec.policy_name == "cost_aware" \
-                and self.spec.num_speculative_tokens != 0:
-            calibrate(self.engine)
+            config.kv_cache_dtype)
+        if draft_runner is not None and self.spec.draft_vocab_size is not None:
+            tok = self.draft.tokenizer  # its added (special) tokens stay in the head
+            extra = [*tok.backend.get_added_tokens_decoder(), *tok.eos_token_ids]
+            draft_runner.head = restricted_head(self.draft.model, self.spec.draft_vocab_size,
+                                                extra)
+        spec = None if self.spec is None else build_controller(
+            self.spec, draft_runner, self.target.config.vocab_size,
+            config.max_num_batched_tokens, max_len, config.enable_prefix_caching)
+        self.engine = LLMEngine(runner, runner.block_manager(config.enable_prefix_caching),
+                                self.target.tokenizer, config, spec)
+        if spec is not None and self.spec.policy_name == "cost_aware" and spec.cap > 0:
+            calibrate(spec.cost, runner, draft_runner, spec.cap)
         self._lock = threading.Lock()  # one generate/chat call drives the engine at a time
         self._driver = None  # an AsyncEngine running the engine: calls go through it
 
@@ -85,15 +91,6 @@ class LLM:
         if self.draft is None:
             self.draft = load_model(self.spec.model, self.spec.draft_dtype or dtype, self.weights)
         check_same_vocabulary(self.target.tokenizer, self.draft.tokenizer)
-
-    def _build_drafter(self, draft_runner: ModelRunner | None, config: EngineConfig) -> Drafter:
-        spec = self.spec
-        if spec.method == "ngram":
-            return NgramDrafter(spec.num_speculative_tokens if spec.num_speculative_tokens >= 0
-                                else spec.max_k, spec.prompt_lookup_max, spec.prompt_lookup_min)
-        return DraftModelDrafter(draft_runner, self.target.config.vocab_size,
-                                 max_prefill_tokens=config.max_num_batched_tokens,
-                                 prefill_window=spec.prefill_window)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: str | list[str] | list[int] | list[list[int]],
@@ -127,15 +124,16 @@ class LLM:
     def _encode(self, prompt: str | list[int]) -> list[int]:
         return self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
 
-    def async_engine(self) -> AsyncEngine:
+    def async_engine(self, step_timeout: float | None = None) -> AsyncEngine:
         """An AsyncEngine that runs this LLM's engine on its thread, started once no call is in
         flight; `generate`/`chat` go through it (concurrently) until it is shut down, then run
-        here again."""
+        here again. `step_timeout`: seconds one step may take before the engine counts as dead
+        (None: no watchdog)."""
         with self._lock:
             if self._driver is not None and not self._driver.stopped:
                 raise RuntimeError("an AsyncEngine already runs this LLM's engine; shut it "
                                    "down first")
-            self._driver = AsyncEngine(self.engine)
+            self._driver = AsyncEngine(self.engine, step_timeout)
             return self._driver
 
     def _generate(self, requests: list[tuple[list[int], SamplingParams, str | None]]

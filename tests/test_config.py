@@ -13,14 +13,16 @@ from specserve.cli import GENERATE_SAMPLING, SAMPLING_EXCLUDED, build_parser, sa
 from specserve.config import LLMConfig
 from specserve.engine.config import EngineConfig
 from specserve.flags import build
-from specserve.hub.registry import DEFAULT_DRAFT
+from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.sampling.params import SamplingParams
-from specserve.server.cli import SPECULATION
+from specserve.server import default_speculation
 from specserve.server.config import ServerConfig
 from specserve.speculative.config import SpeculativeConfig
 from specserve.weights.config import LoadConfig
 
 PARSED = {"kv_cache_memory": ("2KiB", 2048)}  # fields whose flag text is parsed: (text, value)
+# serve's speculation for the default pair when no flag names one (`default_speculation.decide`)
+SPECULATION, _ = default_speculation.decide(DEFAULT_TARGET)
 NEEDS = {"ray_address": {"replicas": 2}}  # fields valid only with another one
 
 
@@ -76,10 +78,18 @@ def cases(cls, exclude=(), overrides=None):
 
 @pytest.mark.parametrize("command", ["generate", "serve"])
 @pytest.mark.parametrize("argv,kwargs", cases(LoadConfig) + cases(EngineConfig))
-def test_every_load_and_engine_flag_gives_the_config_of_the_python_api(command, argv, kwargs):
+def test_every_load_and_engine_flag_gives_the_config_of_the_python_api(command, argv, kwargs,
+                                                                        monkeypatch):
+    # serve decides its speculation for the model given (here a stand-in for the decision,
+    # which reads the model's tokenizer): it is asked once, for that model
+    asked = []
+    monkeypatch.setattr(default_speculation, "decide", lambda target, draft: (
+        asked.append((str(target), draft)) or dict(SPECULATION), "reason"))
     spec = SPECULATION if command == "serve" else None
     expected = LLMConfig.from_kwargs(speculative_config=spec, **kwargs)
     assert LLMConfig.from_args(parse(command, *argv)) == expected
+    model = str(kwargs.get("model", DEFAULT_TARGET))
+    assert asked == ([(model, DEFAULT_DRAFT)] if command == "serve" else [])
 
 
 @pytest.mark.parametrize("argv,kwargs", cases(SpeculativeConfig))
@@ -93,7 +103,9 @@ def test_every_speculative_flag_gives_the_config_of_the_python_api(argv, kwargs)
     extra = [] if name in ("method", "model") else ["--ngram"]
     got = LLMConfig.from_args(parse("generate", *argv, *extra)).speculative
     assert got == SpeculativeConfig.from_dict(on_generate)
-    on_serve = kwargs if name == "method" else {**SPECULATION, **kwargs}
+    # serve: --draft-model alone is method draft_model (k -1), not the default's hybrid
+    on_serve = kwargs if name == "method" else on_generate if name == "model" \
+        else {**SPECULATION, **kwargs}
     got = LLMConfig.from_args(parse("serve", *argv)).speculative
     assert got == SpeculativeConfig.from_dict(on_serve)
 
@@ -125,21 +137,21 @@ def test_no_flags_give_the_python_api_defaults_and_the_command_defaults(monkeypa
     monkeypatch.delenv("SPECSERVE_API_KEY", raising=False)
     assert LLMConfig.from_args(parse("generate")) == LLMConfig.from_kwargs()
     assert LLMConfig.from_args(parse("serve")) == LLMConfig.from_kwargs(
-        speculative_config={"method": "draft_model", "model": DEFAULT_DRAFT,
+        speculative_config={"method": "hybrid", "model": DEFAULT_DRAFT,
                             "num_speculative_tokens": -1})
     assert sampling_params(parse("generate")) == SamplingParams(temperature=0.0, max_tokens=256)
     assert build(ServerConfig, parse("serve")) == ServerConfig()
     assert build(BenchOptions, parse("bench")) == BenchOptions()
     args = parse("demo")
-    assert (args.draft_model, args.num_speculative_tokens, args.max_tokens) == (DEFAULT_DRAFT, 4, 128)
+    assert (args.draft_model, args.num_speculative_tokens, args.max_tokens) == (DEFAULT_DRAFT, -1, 160)
 
 
 def test_the_public_flag_names_stay():
     args = parse("generate", "-k", "3", "--draft-model", "d", "--no-bonus-token", "--max-model-len",
                  "64", "--stop", "x", "--stop", "y", "--stop-token-ids", "5", "6", "--ignore-eos")
     config = LLMConfig.from_args(args)
-    assert config.speculative == SpeculativeConfig(model="d", num_speculative_tokens=3,
-                                                   bonus_token=False)
+    assert config.speculative == SpeculativeConfig(method="draft_model", model="d",
+                                                   num_speculative_tokens=3, bonus_token=False)
     assert config.engine.max_model_len == 64
     params = sampling_params(args)
     assert (params.stop, params.stop_token_ids, params.ignore_eos) == (("x", "y"), (5, 6), True)
@@ -176,7 +188,8 @@ def test_speculation_flags_compose_and_contradictions_are_refused():
                                      '{"method": "ngram", "num_speculative_tokens": 2}', "-k", "5"))
     assert spec.speculative == SpeculativeConfig(method="ngram", num_speculative_tokens=5)
     serve = LLMConfig.from_args(parse("serve", "--draft-model", "d", "--tv-budget", "0.25"))
-    assert serve.speculative == SpeculativeConfig(model="d", num_speculative_tokens=-1, tv_budget=0.25)
+    assert serve.speculative == SpeculativeConfig(method="draft_model", model="d",
+                                                  num_speculative_tokens=-1, tv_budget=0.25)
     assert LLMConfig.from_args(parse("serve", "--no-speculation")).speculative is None
     for argv, needle in [(["generate", "-k", "2"], "need speculation"),
                          (["generate", "--ngram", "--speculative-method", "draft_model"], "--ngram"),

@@ -21,7 +21,7 @@ LAYERS = [
     {"engine"},  # scheduler, runner, the engine step, the async engine
     {"config", "inputs"},  # the LLM's configuration tree; checks of what the API is handed
     {"llm"},  # the Python API
-    {"server", "bench"},  # the front ends
+    {"server", "bench", "demo"},  # the front ends
     {"cli"},  # the command
 ]
 FLOOR = {name: i for i, names in enumerate(LAYERS) for name in names}

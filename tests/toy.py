@@ -43,6 +43,13 @@ def random_table(vocab: int, seed: int, concentration: float = 1.0) -> torch.Ten
     return torch.rand((vocab, vocab), generator=g).pow(1.0 / concentration) + 0.02
 
 
+def tempered(table: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The bigram law a sampler at `temperature` draws from: rows ∝ table^(1 / T)."""
+    rows = table / table.sum(-1, keepdim=True)
+    sharpened = rows.double().pow(1.0 / temperature)
+    return sharpened / sharpened.sum(-1, keepdim=True)
+
+
 def mentored(p: torch.Tensor, q: torch.Tensor, budget: float) -> torch.Tensor:
     d = 0.5 * (p - q).abs().sum()
     theta = 1.0 if d == 0 else min(1.0, budget / float(d))
@@ -50,10 +57,11 @@ def mentored(p: torch.Tensor, q: torch.Tensor, budget: float) -> torch.Tensor:
 
 
 def exact_continuations(P: torch.Tensor, Q: torch.Tensor, first: int, n: int, k: int,
-                        budget: float, bonus: bool = True) -> dict[tuple[int, ...], float]:
+                        budget, bonus: bool = True) -> dict[tuple[int, ...], float]:
     """Exact law of the n generated tokens after prompt token `first`: the first from the
     target (prefill), then speculative rounds of min(k, tokens left - bonus) drafts sampled
-    from Q, verified with TV budget `budget`, bonus from P when all are accepted."""
+    from Q, verified with TV budget `budget` (a number, or a function of the target's row p
+    giving that position's budget), bonus from P when all are accepted."""
     P, Q = P.double(), Q.double()
     P, Q = P / P.sum(-1, keepdim=True), Q / Q.sum(-1, keepdim=True)
     law: dict[tuple[int, ...], float] = {}
@@ -72,7 +80,7 @@ def exact_continuations(P: torch.Tensor, Q: torch.Tensor, first: int, n: int, k:
 
     def draft_pos(seq, prob, i, kk):
         p, q = P[seq[-1]], Q[seq[-1]]
-        pi = mentored(p, q, budget)
+        pi = mentored(p, q, budget(p) if callable(budget) else budget)
         for y in range(P.shape[0]):
             acc = float(torch.minimum(q[y], pi[y]))
             rec = float((pi[y] - q[y]).clamp_min(0))
@@ -109,26 +117,25 @@ class ToyTokenizer:
 
 def toy_engine(P, Q, k: int, budget: float = 0.0, bonus: bool = True, max_num_seqs: int = 64,
                eos: int | None = None, max_len: int = 64, method: str = "draft_model",
-               num_blocks: int = 1024, **config):
+               num_blocks: int = 1024, spec_fields: dict | None = None, **config):
     from specserve.engine.engine import EngineConfig, LLMEngine
     from specserve.engine.runner import ModelRunner
     from specserve.speculative.config import SpeculativeConfig
-    from specserve.speculative.draft_model import DraftModelDrafter
-    from specserve.speculative.ngram import NgramDrafter
+    from specserve.speculative.controller import build_controller
 
     runner = ModelRunner(BigramModel(P), num_blocks)
-    if method == "ngram":
-        spec = SpeculativeConfig(method="ngram", num_speculative_tokens=k, tv_budget=budget,
-                                 bonus_token=bonus)
-        drafter = NgramDrafter(k, spec.prompt_lookup_max, spec.prompt_lookup_min)
-    elif Q is None:
-        spec, drafter = None, None
-    else:
-        spec = SpeculativeConfig(model="toy", num_speculative_tokens=k, tv_budget=budget,
-                                 bonus_token=bonus)
-        drafter = DraftModelDrafter(ModelRunner(BigramModel(Q), num_blocks), P.shape[0])
-    return LLMEngine(runner, ToyTokenizer(eos), EngineConfig(max_num_seqs, max_len, **config),
-                     spec, drafter)
+    engine_config = EngineConfig(max_num_seqs, max_len, **config)
+    controller, spec_fields = None, spec_fields or {}
+    if method != "draft_model" or Q is not None:
+        spec = SpeculativeConfig(method=method, model="toy" if Q is not None else None,
+                                 num_speculative_tokens=k, tv_budget=budget, bonus_token=bonus,
+                                 **spec_fields)
+        draft_runner = ModelRunner(BigramModel(Q), num_blocks) if Q is not None else None
+        controller = build_controller(spec, draft_runner, P.shape[0],
+                                      engine_config.max_num_batched_tokens, max_len,
+                                      engine_config.enable_prefix_caching)
+    return LLMEngine(runner, runner.block_manager(engine_config.enable_prefix_caching),
+                     ToyTokenizer(eos), engine_config, controller)
 
 
 def run_all(engine) -> list:

@@ -39,8 +39,9 @@ def main(name: str, repeats: int = 3) -> None:
     lins = native_linears(model)
     libs = {f"now ({isa})": kernels.qmatmul(isa) for isa in kernels.available_isas()}
     runner = ModelRunner(model, num_blocks=max(PROMPTS) // 16 + 8, block_size=16)
-    table = runner.new_table()
-    assert runner.reserve(table, max(PROMPTS) + 1)
+    blocks = runner.block_manager()
+    table = blocks.new_table()
+    assert blocks.reserve(table, max(PROMPTS) + 1)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.cfg.vocab_size, (max(PROMPTS),), generator=g).tolist()
 

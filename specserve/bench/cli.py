@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from specserve.bench import peers, report, suites, workloads
+from specserve.bench import frontier_cli, peers, report, suites, workloads
 from specserve.bench.runner import Bench, BenchOptions, log, machine_info, summarize
 from specserve.flags import add_flag, add_flags, build
 from specserve.hub.registry import DEFAULT_DRAFT
@@ -24,7 +24,8 @@ OPTIONAL = {"plots": (("matplotlib",), "matplotlib"),
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark suites: speed, acceptance and what was given up")
-    p.add_argument("--suite", default="seed-table", help=f"one of {sorted(suites.SUITES)}")
+    p.add_argument("--suite", default="seed-table",
+                   help=f"one of {sorted(suites.SUITES) + ['frontier']}")
     p.add_argument("--configs", default=None, help="JSON list of {name, spec, temperature, workloads} "
                    "instead of a suite")
     add_flags(p, LoadConfig)
@@ -51,6 +52,7 @@ def add_parser(sub) -> None:
     p.add_argument("--disable-by-batch-size", type=int, default=4,
                    help="--concurrency: the third configuration's disable_by_batch_size")
     p.add_argument("--out", type=Path, default=Path("bench-out"))
+    frontier_cli.add_frontier_args(p)
     p.set_defaults(func=cmd_bench)
 
 
@@ -182,6 +184,8 @@ def cmd_bench(args) -> int:
         return list_workloads()
     if args.concurrency:
         return cmd_concurrency(args)
+    if args.suite == "frontier" and not args.configs:
+        return frontier_cli.cmd_frontier(args, prompt_files(args))
     configs = load_configs(args)
     if not configs:
         raise ValueError("no configuration has a workload left to run (check --workloads)")
@@ -199,7 +203,7 @@ def cmd_bench(args) -> int:
 
     options = build(BenchOptions, args)
     target = load_model(args.model, args.dtype, args.weights)
-    needs_draft = any(c.spec and c.spec.get("method", "draft_model") == "draft_model" for c in configs)
+    needs_draft = any(c.spec and suites.uses_draft(c.spec) for c in configs)
     wants_draft = needs_draft or ("transformers" in args.compare and not args.no_assisted)
     draft = load_model(args.draft_model, args.dtype, args.weights) if wants_draft else None
     log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s)"

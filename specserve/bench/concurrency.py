@@ -25,11 +25,11 @@ class ConcurrencyConfig:
 
 
 def default_configs(disable_by_batch_size: int) -> list[ConcurrencyConfig]:
-    draft = {"method": "draft_model", "num_speculative_tokens": -1}
+    hybrid = {"method": "hybrid", "num_speculative_tokens": -1}
     return [ConcurrencyConfig("target only", None),
-            ConcurrencyConfig("cost-aware draft", draft),
-            ConcurrencyConfig(f"cost-aware draft, off at {disable_by_batch_size}",
-                              dict(draft, disable_by_batch_size=disable_by_batch_size))]
+            ConcurrencyConfig("hybrid (default)", hybrid),
+            ConcurrencyConfig(f"hybrid, off at {disable_by_batch_size}",
+                              dict(hybrid, disable_by_batch_size=disable_by_batch_size))]
 
 
 def quantile(values: list[float], q: float) -> float:

@@ -22,14 +22,17 @@ from pathlib import Path
 import torch
 
 from specserve.bench.quality import distinct_n, target_nll
-from specserve.bench.suites import BenchConfig
+from specserve.bench.suites import BenchConfig, uses_draft
+from specserve.bench.workloads import Session
 from specserve.llm import LLM
 from specserve.weights.loader import LoadedModel
 from specserve.options import option
 from specserve.sampling.params import SamplingParams, require_bool, require_int
+from specserve.speculative.metrics import SpecMetrics
 
 
 WARMUP_PROMPT_TOKENS = 32
+SESSION_MODEL_LEN = 4096  # a session's requests grow with the conversation
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,16 +82,31 @@ class Bench:
         self.progress = progress
         self._nll_cache: dict[tuple, float] = {}
 
-    def prompt_ids(self, text: str) -> list[int]:
-        if self.opt.chat and self.target.tokenizer.chat_template:
-            text = self.target.tokenizer.apply_chat_template([{"role": "user", "content": text}])
-        return self.target.tokenizer.encode(text)
+    def prompt_ids(self, text: "str | Session") -> list[int]:
+        """The request's token ids (a session's: its first request's)."""
+        tok = self.target.tokenizer
+        if isinstance(text, Session):
+            return tok.encode(tok.apply_chat_template(self._messages(text, 0, [])))
+        if self.opt.chat and tok.chat_template:
+            text = tok.apply_chat_template([{"role": "user", "content": text}])
+        return tok.encode(text)
+
+    @staticmethod
+    def _messages(session: Session, turn: int, answers: list[str]) -> list[dict]:
+        """The chat of a session's request `turn` (with the earlier turns and `answers` when the
+        session carries its history)."""
+        messages = [{"role": "system", "content": session.system}]
+        if session.history:
+            for user, answer in zip(session.turns[:turn], answers):
+                messages += [{"role": "user", "content": user},
+                             {"role": "assistant", "content": answer}]
+        return messages + [{"role": "user", "content": session.turns[turn]}]
 
     def _llm(self, cfg: BenchConfig, prompt_len: int) -> LLM:
         spec = None
         if cfg.spec is not None:
             spec = dict(cfg.spec)
-            if spec.get("method", "draft_model") == "draft_model":
+            if uses_draft(spec):
                 spec["model"] = str(self.draft.path)
         max_len = prompt_len + self.opt.max_tokens + 24
         return LLM(self.target, draft=self.draft, speculative_config=spec, max_num_seqs=1,
@@ -107,26 +125,45 @@ class Bench:
         prepared = []
         for cfg, _, prompt in jobs:
             ids = self.prompt_ids(prompt)
-            llm = self._llm(cfg, len(ids))
+            llm = self._llm(cfg, SESSION_MODEL_LEN if isinstance(prompt, Session) else len(ids))
             warm = SamplingParams(temperature=cfg.temperature, max_tokens=self.opt.warmup_tokens,
                                   ignore_eos=True, seed=0)
             llm.generate(ids[:WARMUP_PROMPT_TOKENS], warm)  # kernels and allocations, not a full prefill
             calls = [(seed, rep) for seed in self.seeds_for(cfg) for rep in range(self.opt.repeats)]
             prepared.append((llm, ids, calls))
         for i in range(max(len(calls) for _, _, calls in prepared)):
-            for j, ((cfg, workload, _), (llm, ids, calls)) in enumerate(zip(jobs, prepared)):
+            for j, ((cfg, workload, prompt), (llm, ids, calls)) in enumerate(zip(jobs, prepared)):
                 if i >= len(calls):
                     continue
                 seed, rep = calls[i]
-                params = SamplingParams(temperature=cfg.temperature, max_tokens=self.opt.max_tokens,
-                                        ignore_eos=True, seed=seed)
-                out = llm.generate(ids, params)[0].outputs[0]
+                if llm.engine.spec is not None:  # every call starts with no earlier outputs
+                    llm.engine.spec.clear_cache()
+                if isinstance(prompt, Session):
+                    out = self._session(llm, prompt, cfg.temperature, seed)
+                else:
+                    params = SamplingParams(temperature=cfg.temperature, seed=seed,
+                                            max_tokens=self.opt.max_tokens, ignore_eos=True)
+                    out = llm.generate(ids, params)[0].outputs[0]
                 if self.progress is not None:
                     self.progress.update(1)
                 record = self._record(cfg, workload, seed, rep, ids, out)
                 if out.spec is not None:  # what the engine's cost model believed after the call
                     record["cost_model"] = llm.engine.cost.snapshot()
                 yield j, record
+
+    def _session(self, llm: LLM, session: Session, temperature: float, seed: int) -> "SessionOutput":
+        """Run a session's requests one after another (each answer ends at EOS or
+        `max_tokens`); its figures are the sums over its requests."""
+        answers, outs = [], []
+        tok = self.target.tokenizer
+        for turn in range(len(session.turns)):
+            ids = tok.encode(tok.apply_chat_template(self._messages(session, turn, answers)))
+            params = SamplingParams(temperature=temperature, max_tokens=self.opt.max_tokens,
+                                    seed=seed)
+            out = llm.generate(ids, params)[0].outputs[0]
+            outs.append(out)
+            answers.append(out.text)
+        return SessionOutput(outs)
 
     def calls_for(self, cfg: BenchConfig) -> int:
         return len(self.seeds_for(cfg)) * self.opt.repeats
@@ -138,7 +175,7 @@ class Bench:
                "decode_tokens_per_s": out.decode_tokens_per_s, "output_tokens": out.num_output_tokens,
                "speculative": spec, "distinct_2": distinct_n(out.token_ids, 2),
                "distinct_3": distinct_n(out.token_ids, 3)}
-        if self.opt.quality:
+        if self.opt.quality and not isinstance(out, SessionOutput):
             key = (tuple(ids), tuple(out.token_ids))
             if key not in self._nll_cache:
                 self._nll_cache[key] = target_nll(self.target.model, ids, out.token_ids)
@@ -147,6 +184,24 @@ class Bench:
 
     def count_runs(self, configs: list[BenchConfig], workloads: dict) -> int:
         return sum(self.calls_for(c) for c in configs for w in c.workloads if w in workloads)
+
+
+class SessionOutput:
+    """A session's requests read as one output: times, tokens and speculation summed."""
+
+    def __init__(self, outs: list) -> None:
+        self.outs = outs
+        self.token_ids = [t for o in outs for t in o.token_ids]
+        self.num_output_tokens = sum(o.num_output_tokens for o in outs)
+        self.e2e_time = sum(o.e2e_time for o in outs)
+        self.ttft = statistics.mean(o.ttft for o in outs)
+        decode = sum(o.decode_time or 0.0 for o in outs)
+        self.decode_tokens_per_s = (self.num_output_tokens - len(outs)) / decode if decode else None
+        self.spec = None
+        if all(o.spec is not None for o in outs):
+            self.spec = SpecMetrics()
+            for o in outs:
+                self.spec.merge(o.spec)
 
 
 def summarize(records: list[dict]) -> list[dict]:

@@ -9,6 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 WORKLOADS = ("code_edit", "creative", "summarize", "chat_short")
+SESSIONS = ("agent_session", "code_revision_chat")
+
+
+def uses_draft(spec: dict) -> bool:
+    """Whether a speculative config (without its "model") drafts with the draft model."""
+    return spec.get("method", "hybrid") in ("draft_model", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,24 @@ def draft_k() -> list[BenchConfig]:
     return out
 
 
-SUITES = {"seed-table": seed_table, "policies": policies, "ngram": ngram, "draft-k": draft_k}
+def drafting() -> list[BenchConfig]:
+    """Every drafting source alone and the hybrid default, on every workload and session,
+    greedy and (creative) T = 0.7; the sessions also without the cache of earlier outputs."""
+    w = WORKLOADS + SESSIONS
+    adaptive = {"num_speculative_tokens": -1}
+    sources = [("ngram", {"method": "ngram", **adaptive}), ("suffix", {"method": "suffix", **adaptive}),
+               ("draft model", {"method": "draft_model", **adaptive}),
+               ("hybrid (default)", {"method": "hybrid", **adaptive})]
+    out = [BenchConfig("target only", None, 0.0, w)]
+    out += [BenchConfig(name, spec, 0.0, w) for name, spec in sources]
+    out.append(BenchConfig("hybrid, no earlier outputs", {"method": "hybrid", **adaptive,
+                                                           "suffix_cache_tokens": 0}, 0.0, SESSIONS))
+    out.append(BenchConfig("target only", None, 0.7, ("creative",)))
+    out += [BenchConfig(name, spec, 0.7, ("creative",)) for name, spec in sources]
+    return out
+
+
+SUITES = {"drafting": drafting, "seed-table": seed_table, "policies": policies, "ngram": ngram, "draft-k": draft_k}
 
 
 def get_suite(name: str) -> list[BenchConfig]:

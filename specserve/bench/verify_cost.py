@@ -3,6 +3,7 @@ with a one-row decode step, on this machine, for a loaded model."""
 
 from __future__ import annotations
 
+from specserve.engine.calibration import time_passes
 from specserve.engine.runner import ModelRunner
 
 
@@ -10,7 +11,7 @@ def verify_cost(runner: ModelRunner, ks: list[int], prefix_len: int = 256, repea
                 ) -> dict[int, float]:
     """Median seconds of a pass over k + 1 rows at position `prefix_len`, for k = 0 (the
     decode step) and each k in `ks`."""
-    return runner.time_passes([0, *ks], prefix_len, repeats)
+    return time_passes(runner, [0, *ks], prefix_len, repeats)
 
 
 def format_verify_cost(times: dict[int, float]) -> str:

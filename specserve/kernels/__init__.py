@@ -1,7 +1,9 @@
 """Native CPU kernels, compiled on first use with the system C compiler and loaded by ctypes.
 
 The shared object lands in `cache_dir()/kernels/`, named by a hash of the source and flags, so
-an edit rebuilds it and a second process reuses it. It links the same OpenMP runtime as
+an edit rebuilds it and a second process reuses it. One is loaded only if this user owns it
+and no one else can write it (`paths.untrusted`); any other is rebuilt over, and a kernel
+folder that others could write to is not used at all (PyTorch's kernels run instead). It links the same OpenMP runtime as
 PyTorch (`libgomp.so.1`, already loaded by `import torch`), so `torch.set_num_threads` also
 sets the kernels' thread count and the two never compete with separate thread pools.
 
@@ -34,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from specserve.paths import cache_dir
+from specserve.paths import cache_dir, untrusted
 
 log = logging.getLogger(__name__)
 
@@ -109,15 +111,20 @@ def build(source: Path = SOURCE, out_dir: Path | None = None,
     digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
     out_dir = out_dir if out_dir is not None else cache_dir() / "kernels"
     target = out_dir / f"{source.stem}-{digest}.so"
+    out_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    if (problem := untrusted(out_dir)) is not None:
+        raise RuntimeError(f"the kernel folder {out_dir} is {problem}: not loading code from it")
     if target.exists():
-        return target
-    out_dir.mkdir(parents=True, exist_ok=True)
+        if (problem := untrusted(target)) is None:
+            return target
+        log.warning("kernel library %s is %s; rebuilding it", target, problem)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:  # build aside, then rename atomically
         partial = Path(tmp) / target.name
         result = subprocess.run([compiler, *flags, str(source), "-o", str(partial), "-lm"],
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"compiling {source.name} failed:\n{result.stderr.strip()}")
+        os.chmod(partial, 0o755)  # whatever the umask: writable by this user only
         os.replace(partial, target)
     return target
 

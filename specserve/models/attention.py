@@ -69,11 +69,13 @@ def _check_indices(k_pool: torch.Tensor, block_tables: torch.Tensor, row_seq: to
 
 def ragged_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                                block_tables: torch.Tensor, row_seq: torch.Tensor,
-                               row_pos: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+                               row_pos: torch.Tensor, scale: float | None = None,
+                               window: int | None = None) -> torch.Tensor:
     """Per row, one `scaled_dot_product_attention` call on its sequence's keys/values 0..row_pos
     (gathered from the blocks once per sequence, read in place per row), the query heads that
     share a KV head folded into its rows (head h reads KV head h // (heads / kv_heads)): the way
-    a one-token decode step attends. Shapes as `ragged_attention`."""
+    a one-token decode step attends. With a `window`, only the last `window` positions up to
+    row_pos (row_pos − window + 1 .. row_pos). Shapes as `ragged_attention`."""
     _check(q, k_pool, v_pool, block_tables, row_seq, row_pos)
     _check_indices(k_pool, block_tables, row_seq, row_pos)
     rows, heads, hd = q.shape
@@ -87,16 +89,17 @@ def ragged_attention_reference(q: torch.Tensor, k_pool: torch.Tensor, v_pool: to
         keys = k_pool[ids].float().transpose(0, 1).reshape(1, kv_heads, -1, hd)  # [1, kv, n, hd]
         values = v_pool[ids].float().transpose(0, 1).reshape(1, kv_heads, -1, hd)
         for r, pos in zip(rows_of.tolist(), row_pos[rows_of].tolist()):
+            lo = 0 if window is None else max(0, pos + 1 - window)
             grouped = q[r].reshape(1, kv_heads, heads // kv_heads, hd)  # [1, kv, group, hd]
-            attn = F.scaled_dot_product_attention(grouped, keys[:, :, :pos + 1],
-                                                  values[:, :, :pos + 1], scale=scale)
+            attn = F.scaled_dot_product_attention(grouped, keys[:, :, lo:pos + 1],
+                                                  values[:, :, lo:pos + 1], scale=scale)
             out[r] = attn.reshape(heads, hd)
     return out
 
 
 def ragged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                      block_tables: torch.Tensor, row_seq: torch.Tensor, row_pos: torch.Tensor,
-                     scale: float | None = None) -> torch.Tensor:
+                     scale: float | None = None, window: int | None = None) -> torch.Tensor:
     """Causal attention of each query row on its own sequence in a paged KV cache.
 
     q `[rows, heads, hd]` float32; k_pool, v_pool `[num_blocks, kv_heads, block_size, hd]`
@@ -104,15 +107,18 @@ def ragged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor
     `[num_seqs, max_blocks]` (block ids of each sequence, in order); row_seq `[rows]` (each
     row's sequence); row_pos `[rows]` (each row's position: it attends to 0..row_pos, its own
     key/value already written). Query head h reads KV head h // (heads / kv_heads). Returns `[rows, heads, hd]` float32; scale defaults to
-    1/sqrt(hd). Native (batch-invariant) where the kernel runs and hd is a multiple of 8, the
-    reference otherwise; bad shapes or indices raise ValueError.
+    1/sqrt(hd). A `window` (sliding-window layers) limits each row to its last `window`
+    positions. Native (batch-invariant) where the kernel runs and hd is a multiple of 8, the
+    reference otherwise and for a window that some row reaches past (the kernel has none); bad
+    shapes or indices raise ValueError.
     """
     _check(q, k_pool, v_pool, block_tables, row_seq, row_pos)
     rows, heads, hd = q.shape
     lib = kernels.attention()
-    if lib is None or hd % 8:
+    windowed = window is not None and rows > 0 and int(row_pos.max()) >= window
+    if lib is None or hd % 8 or windowed:
         return ragged_attention_reference(q, k_pool, v_pool, block_tables, row_seq, row_pos,
-                                          scale)
+                                          scale, window)
     q = q.contiguous()
     k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
     tables, seqs, pos = (t if t.dtype == torch.int32 and t.is_contiguous()

@@ -1,21 +1,29 @@
-"""Architecture hyper-parameters shared by the `llama` and `qwen2` decoders.
+"""Architecture hyper-parameters of the decoders: `llama` (Mistral-style files too), `qwen2`,
+`qwen3` and `gemma3`.
 
 `ModelConfig` checks every field's type and range, so a malformed `config.json` or GGUF
 header is reported by field name instead of failing deep inside the model's construction.
+The fields past `attention_bias` describe what sets the newer architectures apart (their
+defaults are the `llama`/`qwen2` decoder); `arch_traits` gives the fixed ones per architecture,
+the loaders fill the rest from the file.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+from specserve.models.rope import RopeScaling
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+HIDDEN_ACTS = ("silu", "gelu_tanh")
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """What the decoder needs to know; filled from GGUF metadata or a `config.json`."""
 
-    architecture: str  # "llama" | "qwen2"
+    architecture: str  # one of SUPPORTED_ARCHITECTURES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -28,6 +36,16 @@ class ModelConfig:
     max_position: int
     tie_word_embeddings: bool
     attention_bias: bool  # qwen2 carries q/k/v biases
+    rope_scaling: RopeScaling | None = None  # of the full-attention layers
+    qk_norm: bool = False  # qwen3, gemma3: RMSNorm of each query and key head before rope
+    sandwich_norms: bool = False  # gemma3: norms after attention and MLP, and before the MLP
+    hidden_act: str = "silu"  # the MLP's gate activation: "silu" | "gelu_tanh"
+    embed_scale: float = 1.0  # gemma3: embeddings × sqrt(hidden), rounded to the weights' dtype
+    attn_scale: float | None = None  # query scale; None: 1 / sqrt(head_dim)
+    sliding_window: int | None = None  # positions a sliding layer attends to (its own included)
+    sliding_layers: tuple[int, ...] = ()  # the layers that attend through the window
+    rope_local_theta: float | None = None  # rope base of the sliding layers; None: rope_theta
+    final_logit_softcap: float | None = None  # logits = cap · tanh(logits / cap)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -49,3 +67,30 @@ class ModelConfig:
             raise ValueError(
                 f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})"
             )
+        for name in ("attn_scale", "rope_local_theta", "final_logit_softcap", "embed_scale"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value < float("inf")):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; "
+                             f"supported: {', '.join(HIDDEN_ACTS)}")
+        window = self.sliding_window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int)
+                                   or window < 1):
+            raise ValueError(f"sliding_window must be a positive integer, got {window!r}")
+        if self.sliding_layers and window is None:
+            raise ValueError("sliding_layers need a sliding_window")
+        bad = [i for i in self.sliding_layers if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(f"sliding_layers: layer {bad[0]} outside 0..{self.num_layers - 1}")
+
+
+def arch_traits(arch: str, hidden_size: int) -> dict:
+    """The `ModelConfig` fields fixed by the architecture (not read from the file)."""
+    if arch == "qwen3":
+        return {"qk_norm": True}
+    if arch == "gemma3":
+        return {"qk_norm": True, "sandwich_norms": True, "hidden_act": "gelu_tanh",
+                "embed_scale": math.sqrt(hidden_size)}
+    return {}

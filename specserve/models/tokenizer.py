@@ -9,11 +9,23 @@ a `ValueError` naming where it is. Chat messages are checked before the template
 (`check_messages`): a role the template knows, content that is a string or OpenAI's list of
 text parts (joined with newlines), no unknown keys; an error the template itself raises
 (e.g. "roles must alternate") comes back as a `ValueError` too.
+
+Special tokens written as text: `encode(text, parse_special=False)` keeps `<|im_start|>` in
+`text` as the characters it is, never the control token. `encode_chat` encodes a
+conversation so that only the chat template's own control tokens are special: the template
+is rendered with a random placeholder for each message's content, the template's text is
+encoded with its special tokens and each content with none of them. A template that
+transforms content (so the placeholders do not come through whole) is rendered with the
+real content instead; then a content holding a special token's text is refused, since it
+could not be kept as text. The compiled template is kept with the tokenizer.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -60,12 +72,35 @@ class Tokenizer:
         knows_tool = "'tool'" in template or '"tool"' in template
         return BASE_ROLES + (("tool",) if knows_tool else ())
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, parse_special: bool = True) -> list[int]:
+        """Token ids of `text` (a BOS first where the model adds one). `parse_special`: the
+        text of a special token becomes that token; False: it stays text."""
         check_text("text", text)
-        ids = self.backend.encode(text, add_special_tokens=False).ids
-        if self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
-            ids = [self.bos_token_id] + ids
-        return ids
+        ids = self._pieces(text, parse_special)
+        return self._with_bos(ids)
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    parse_special_in_content: bool = False, **extra) -> list[int]:
+        """Token ids of a conversation under the chat template; the content of the messages
+        is text (its special tokens' text stays text) unless `parse_special_in_content`."""
+        if parse_special_in_content:
+            return self.encode(self.apply_chat_template(messages, add_generation_prompt, **extra))
+        messages = check_messages(messages, self.chat_roles)
+        nonce = secrets.token_hex(8)
+        marked = [{**m, "content": f"\ue000{nonce}:{i}\ue001"} if isinstance(m.get("content"), str)
+                  else m for i, m in enumerate(messages)]
+        rendered = self._render(marked, add_generation_prompt, extra)
+        parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", rendered)
+        texts = [i for i, m in enumerate(messages) if isinstance(m.get("content"), str)]
+        if sorted(int(i) for i in parts[1::2]) != texts:  # the template changed the content on its way through
+            return self._chat_as_one_text(messages, add_generation_prompt, extra)
+        ids: list[int] = []
+        for k, part in enumerate(parts):
+            if k % 2:
+                ids += self._pieces(messages[int(part)]["content"], parse_special=False)
+            elif part:
+                ids += self._pieces(part, parse_special=True)
+        return self._with_bos(ids)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -75,12 +110,47 @@ class Tokenizer:
         if not self.chat_template:
             raise ValueError("this model has no chat template; use generate() with plain prompts")
         messages = check_messages(messages, self.chat_roles)
+        return self._render(messages, add_generation_prompt, extra)
+
+    @functools.cached_property
+    def _template(self) -> jinja2.Template:
+        return _jinja_env().from_string(self.chat_template)
+
+    @functools.cached_property
+    def _text_backend(self) -> HFTokenizer:
+        """A copy of the backend that reads special tokens' text as text."""
+        plain = HFTokenizer.from_str(self.backend.to_str())
+        plain.encode_special_tokens = True
+        return plain
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool, extra: dict) -> str:
+        if not self.chat_template:
+            raise ValueError("this model has no chat template; use generate() with plain prompts")
         try:
-            template = _jinja_env().from_string(self.chat_template)
-            return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                   **self.special_tokens, **extra)
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         **self.special_tokens, **extra)
         except jinja2.exceptions.TemplateError as e:
             raise ValueError(f"messages: the model's chat template refused them: {e}") from None
+
+    def _chat_as_one_text(self, messages: list[dict], add_generation_prompt: bool,
+                          extra: dict) -> list[int]:
+        specials = [t.content for t in self.backend.get_added_tokens_decoder().values() if t.special]
+        for i, m in enumerate(messages):
+            content = m.get("content") or ""
+            found = next((t for t in specials if t and t in content), None)
+            if found is not None:
+                raise ValueError(f"messages[{i}].content holds the special token {found!r}, which "
+                                 f"this model's chat template cannot keep as text")
+        return self.encode(self._render(messages, add_generation_prompt, extra))
+
+    def _pieces(self, text: str, parse_special: bool) -> list[int]:
+        backend = self.backend if parse_special else self._text_backend
+        return backend.encode(text, add_special_tokens=False).ids
+
+    def _with_bos(self, ids: list[int]) -> list[int]:
+        if self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
+            ids = [self.bos_token_id] + ids
+        return ids
 
 
 def check_text(field: str, text: object) -> str:

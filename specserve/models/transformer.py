@@ -1,9 +1,12 @@
-"""The decoder-only transformer behind `llama` and `qwen2` checkpoints.
+"""The decoder-only transformer behind `llama`, `qwen2`, `qwen3` and `gemma3` checkpoints.
 
 RMSNorm → attention with rotary position embeddings (rotate-half layout, as in Hugging Face
 checkpoints) and grouped-query heads → RMSNorm → SwiGLU MLP, with a paged KV cache.
 References: Touvron et al. 2023 (LLaMA); Qwen2 technical report 2407.10671; Su et al. 2104.09864
-(RoPE).
+(RoPE). Qwen3 (2505.09388) adds an RMSNorm of each query and key head before the rotary
+embedding; Gemma 3 (2503.19786) adds those too, scales the embeddings by sqrt(hidden), norms the
+attention's and the MLP's outputs, gates with GELU (tanh) and alternates sliding-window layers
+(their own rope base) with global ones (`ModelConfig` names each trait).
 
 One `forward` serves every shape of generation: prefill chunks, decode steps and verify
 passes, mixed in one batch. The batch is flat: each row is one token of one sequence at one
@@ -22,9 +25,11 @@ import torch
 import torch.nn.functional as F
 
 from specserve import kernels
+from specserve.models import rope
 from specserve.models.attention import ragged_attention
 from specserve.models.config import ModelConfig
 from specserve.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, resolve_kv_cache_dtype
+from specserve.models.layer import FLOAT32_GEMM_ROWS, Layer, Linear, rms_norm, rotate_half  # noqa: F401
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,13 +69,6 @@ class ForwardBatch:
         return ForwardBatch(tokens, positions, row_seq, lengths, tables)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(dtype)
-
-
 def _check_rc(rc: int, name: str) -> None:
     if rc == -3:
         raise ValueError(f"{name}: a sequence, position or block id out of range")
@@ -78,71 +76,7 @@ def _check_rc(rc: int, name: str) -> None:
         raise RuntimeError(f"native {name} failed (code {rc})")
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-# From this many rows on, a bfloat16 matmul is computed in float32: CPUs without native
-# bfloat16 (AVX2) run bf16 GEMMs far slower than converting the weight and calling sgemm.
-FLOAT32_GEMM_ROWS = 32
 ATTN_DTYPE = torch.float32
-
-
-class Linear:
-    """A weight (and optional bias) applied as `x @ W.T + b`; quantized formats replace it.
-
-    Float32 activations with float32 or bfloat16 weights run on the native float kernel
-    (`f_matmul` in `specserve/kernels/qmatmul.c`) where it is available: each row's result is
-    then the same bits whatever the other rows of the pass (batch invariance, as the quantized
-    kernels). Elsewhere, and for bfloat16 activations, PyTorch's matmul."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.weight = weight  # [out, in]
-        self.bias = bias  # [out] | None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        if x.dtype == torch.float32 and w.dtype in (torch.float32, torch.bfloat16):
-            lib = kernels.qmatmul()
-            if lib is not None:
-                return self._native(lib, x)
-        if w.dtype == torch.bfloat16 and x.numel() >= FLOAT32_GEMM_ROWS * x.shape[-1]:
-            b = self.bias.float() if self.bias is not None else None
-            return F.linear(x.float(), w.float(), b).to(x.dtype)
-        return F.linear(x, w, self.bias)
-
-    def _native(self, lib, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight.contiguous()  # [out, in]
-        out_f, in_f = w.shape
-        flat = x.reshape(-1, in_f).contiguous()  # [rows, in]
-        y = torch.empty((flat.shape[0], out_f), dtype=torch.float32)  # [rows, out]
-        bias = self.bias.float().contiguous() if self.bias is not None else None
-        rc = lib.f_matmul(flat.data_ptr(), flat.shape[0], in_f, w.data_ptr(),
-                          int(w.dtype == torch.bfloat16),
-                          bias.data_ptr() if bias is not None else None, out_f, y.data_ptr())
-        if rc != 0:
-            raise RuntimeError("f_matmul: bad arguments")
-        return y.reshape(*x.shape[:-1], out_f)
-
-
-class Layer:
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], prefix: str) -> None:
-        def get(name: str) -> torch.Tensor:
-            return w[f"{prefix}.{name}"]
-
-        qkv = torch.cat([get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight"),
-                         get("self_attn.v_proj.weight")])
-        bias = None
-        if cfg.attention_bias:
-            bias = torch.cat([get("self_attn.q_proj.bias"), get("self_attn.k_proj.bias"),
-                              get("self_attn.v_proj.bias")])
-        self.qkv = Linear(qkv, bias)
-        self.o = Linear(get("self_attn.o_proj.weight"))
-        self.gate_up = Linear(torch.cat([get("mlp.gate_proj.weight"), get("mlp.up_proj.weight")]))
-        self.down = Linear(get("mlp.down_proj.weight"))
-        self.attn_norm = get("input_layernorm.weight")
-        self.mlp_norm = get("post_attention_layernorm.weight")
 
 
 class Transformer:
@@ -162,9 +96,13 @@ class Transformer:
         # without native bfloat16, bfloat16 attention is several times slower than float32. The KV cache
         # holds float32 unless asked otherwise (`kv_cache_dtype`); narrow caches read widened.
         self.act_dtype = self.dtype
-        inv_freq = 1.0 / (cfg.rope_theta ** (
-            torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
-        self._inv_freq = inv_freq  # [head_dim / 2]
+        # GGUF files of Llama 3.x carry their rope scaling as per-pair factors (`rope.py`)
+        self._inv_freq = rope.inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
+                                       weights.get("rope_freqs.weight"))  # [head_dim / 2]
+        local = cfg.rope_local_theta if cfg.sliding_layers else None
+        self._local_inv_freq = None if local is None else rope.inv_freq(cfg.head_dim, local)
+        self._windows = [cfg.sliding_window if i in cfg.sliding_layers else None
+                         for i in range(cfg.num_layers)]  # [num_layers] int | None
 
     def new_pool(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  dtype: torch.dtype = ATTN_DTYPE) -> KVCache:
@@ -183,52 +121,88 @@ class Transformer:
             torch.empty(0, dtype=self.act_dtype))
         return resolve_kv_cache_dtype(kv_cache_dtype, native, self.act_dtype)
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[..., None] * self._inv_freq  # [rows, head_dim / 2]
+    def _rope(self, positions: torch.Tensor, inv_freq: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[..., None] * inv_freq  # [rows, head_dim / 2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [rows, 1, head_dim]
         return emb.cos(), emb.sin()
+
+    def _layer_ropes(self, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) `[rows, 1, head_dim]` of each layer: sliding layers with their own base."""
+        full = self._rope(positions, self._inv_freq)
+        if self._local_inv_freq is None:
+            return [full] * self.cfg.num_layers
+        local = self._rope(positions, self._local_inv_freq)
+        return [full if w is None else local for w in self._windows]
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(tokens, self.embed).to(self.act_dtype)  # [rows, hidden]
+        if self.cfg.embed_scale != 1.0:  # gemma3: the scale rounded to the weights' dtype
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=self.embed.dtype).to(x.dtype)
+        return x
 
     def hidden_states(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """Run the decoder over `batch`, writing its keys/values into `cache`. Returns the final
         normalised hidden states `[rows, hidden]`."""
         c = self.cfg
         tables = batch.block_tables  # [num_seqs, max_blocks]
-        cos, sin = self._rope(batch.positions)  # [rows, 1, head_dim]
-        x = F.embedding(batch.tokens, self.embed).to(self.act_dtype)  # [rows, hidden]
+        ropes = self._layer_ropes(batch.positions)
+        x = self._embed(batch.tokens)  # [rows, hidden]
         lib = kernels.attention() if self._native_layers(x) else None
         if lib is not None:
-            return self._native_pass(lib, x, batch, tables, cos, sin, cache)
-        rows = batch.tokens.shape[0]
+            return self._native_pass(lib, x, batch, tables, *ropes[0], cache)
         block_of = tables[batch.row_seq.long(), batch.positions // cache.block_size]  # [rows]
         slot_mapping = block_of.long() * cache.block_size + batch.positions % cache.block_size
         # the attention kernel takes int32 indices: convert once per pass, not once per layer
-        tables32, row_seq32 = tables.to(torch.int32), batch.row_seq.to(torch.int32)
-        positions32 = batch.positions.to(torch.int32)  # [rows]
-        q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        where = (slot_mapping, tables.to(torch.int32), batch.row_seq.to(torch.int32),
+                 batch.positions.to(torch.int32))
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
-            q, k, v = layer.qkv(h).to(ATTN_DTYPE).split([q_dim, kv_dim, kv_dim], dim=-1)
-            q = q.view(rows, c.num_heads, c.head_dim)  # [rows, heads, hd]
-            k = k.view(rows, c.num_kv_heads, c.head_dim)  # [rows, kv, hd]
-            v = v.view(rows, c.num_kv_heads, c.head_dim)  # [rows, kv, hd]
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
-            cache.write(i, slot_mapping, k, v)
-            attn = ragged_attention(q, cache.keys[i], cache.values[i], tables32, row_seq32,
-                                    positions32)  # [rows, heads, hd]
-            x = x + layer.o(attn.reshape(rows, q_dim).to(x.dtype))
-            h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
-            gate, up = layer.gate_up(h).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = self._layer(i, layer, x, ropes[i], where, cache)
         return rms_norm(x, self.norm, c.rms_norm_eps)
+
+    def _layer(self, i: int, layer: Layer, x: torch.Tensor, cos_sin: tuple, where: tuple,
+               cache: KVCache) -> torch.Tensor:
+        """Layer `i` on the PyTorch path: `x` `[rows, hidden]` → the next residual stream."""
+        c = self.cfg
+        rows = x.shape[0]
+        slot_mapping, tables32, row_seq32, positions32 = where
+        cos, sin = cos_sin  # [rows, 1, head_dim]
+        q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
+        q, k, v = layer.qkv(h).to(ATTN_DTYPE).split([q_dim, kv_dim, kv_dim], dim=-1)
+        q = q.view(rows, c.num_heads, c.head_dim)  # [rows, heads, hd]
+        k = k.view(rows, c.num_kv_heads, c.head_dim)  # [rows, kv, hd]
+        v = v.view(rows, c.num_kv_heads, c.head_dim)  # [rows, kv, hd]
+        if layer.q_norm is not None:
+            q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
+            k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        cache.write(i, slot_mapping, k, v)
+        attn = ragged_attention(q, cache.keys[i], cache.values[i], tables32, row_seq32,
+                                positions32, c.attn_scale, self._windows[i])  # [rows, heads, hd]
+        out = layer.o(attn.reshape(rows, q_dim).to(x.dtype))  # [rows, hidden]
+        if layer.attn_post_norm is not None:
+            out = rms_norm(out, layer.attn_post_norm, c.rms_norm_eps)
+        x = x + out
+        h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
+        gate, up = layer.gate_up(h).chunk(2, dim=-1)
+        act = F.silu(gate) if c.hidden_act == "silu" else F.gelu(gate, approximate="tanh")
+        out = layer.down(act * up)  # [rows, hidden]
+        if layer.mlp_post_norm is not None:
+            out = rms_norm(out, layer.mlp_post_norm, c.rms_norm_eps)
+        return x + out
 
     def _native_layers(self, x: torch.Tensor) -> bool:
         """Whether the layers' glue (norms, rotary embedding, cache writes, attention, SwiGLU)
-        can run natively: float32 activations and norm weights, head_dim a multiple of 8."""
-        return (x.dtype == torch.float32 and self.cfg.head_dim % 8 == 0
+        can run natively: float32 activations and norm weights, head_dim a multiple of 8, and
+        none of what the glue lacks (sliding-window layers, GELU, norms after attention and
+        MLP: `gemma3`, and Mistral-style windowed files, run on the PyTorch path)."""
+        c = self.cfg
+        return (x.dtype == torch.float32 and c.head_dim % 8 == 0
+                and not c.sliding_layers and not c.sandwich_norms and c.hidden_act == "silu"
                 and self.norm.dtype == torch.float32
-                and all(l.attn_norm.dtype == torch.float32 == l.mlp_norm.dtype
-                        for l in self.layers))
+                and all(n.dtype == torch.float32 for l in self.layers for n in l.norms()))
 
     def _native_pass(self, lib, x: torch.Tensor, batch: ForwardBatch, tables: torch.Tensor,
                      cos: torch.Tensor, sin: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -248,7 +222,8 @@ class Transformer:
         h = torch.empty_like(x)  # [rows, hidden]
         attn = torch.empty((rows, heads * hd), dtype=torch.float32)  # [rows, heads * hd]
         act = torch.empty((rows, c.intermediate_size), dtype=torch.float32)  # [rows, inter]
-        eps, scale = ctypes.c_float(c.rms_norm_eps), ctypes.c_float(1 / math.sqrt(hd))
+        eps = ctypes.c_float(c.rms_norm_eps)
+        scale = ctypes.c_float(1 / math.sqrt(hd) if c.attn_scale is None else c.attn_scale)
         num_seqs, max_blocks = tables32.shape
         per_layer = cache.keys[0].numel()
         keys, values = cache.keys.data_ptr(), cache.values.data_ptr()
@@ -261,6 +236,8 @@ class Transformer:
             _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, layer.attn_norm.data_ptr(), eps,
                                    h.data_ptr()), "rms_norm")
             qkv = layer.qkv(h).contiguous()  # [rows, (heads + 2 kv_heads) * hd]
+            if layer.q_norm is not None:
+                self._native_qk_norm(lib, layer, qkv, eps)
             _check_rc(lib.rope_store_attend(qkv.data_ptr(), rows, heads, kv_heads, hd, *fixed,
                                             keys + i * step, values + i * step, *index),
                       "rope_store_attend")
@@ -276,14 +253,29 @@ class Transformer:
                                out.data_ptr()), "rms_norm")
         return out
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """`[..., hidden]` → float32 logits `[..., vocab]`."""
-        return self.lm_head(hidden).float()
+    def _native_qk_norm(self, lib, layer: Layer, qkv: torch.Tensor, eps: ctypes.c_float) -> None:
+        """`qkv` `[rows, (heads + 2 kv_heads) * hd]` with each query and key head RMS-normed in
+        place (`rms_norm` of `attention.c` over rows × heads vectors of hd)."""
+        c = self.cfg
+        rows, hd = qkv.shape[0], c.head_dim
+        for norm, lo, n in ((layer.q_norm, 0, c.num_heads),
+                            (layer.k_norm, c.num_heads * hd, c.num_kv_heads)):
+            part = qkv[:, lo:lo + n * hd].contiguous()  # [rows, n * hd]
+            _check_rc(lib.rms_norm(part.data_ptr(), rows * n, hd, norm.data_ptr(), eps,
+                                   part.data_ptr()), "rms_norm")
+            qkv[:, lo:lo + n * hd] = part
 
-    def forward(self, batch: ForwardBatch, cache: KVCache, last_n: list[int] | None = None
-                ) -> list[torch.Tensor]:
+    def logits(self, hidden: torch.Tensor, head=None) -> torch.Tensor:
+        """`[..., hidden]` → float32 logits `[..., vocab]` through `head` (default the model's
+        own), soft-capped where the config says."""
+        logits = (head if head is not None else self.lm_head)(hidden).float()
+        cap = self.cfg.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def forward(self, batch: ForwardBatch, cache: KVCache, last_n: list[int] | None = None,
+                head=None) -> list[torch.Tensor]:
         """Logits of the last `last_n[seq]` rows of each sequence (default: all its rows;
-        0: none): a list of `[n_seq, vocab]` float32 tensors."""
+        0: none): a list of `[n_seq, vocab]` float32 tensors (`head`: see `logits`)."""
         hidden = self.hidden_states(batch, cache)  # [rows, hidden]
         wanted = last_n if last_n is not None else batch.lengths
         picks, end = [], 0
@@ -292,5 +284,5 @@ class Transformer:
             picks += range(end - m, end)
         if not picks:  # a pass that only fills the cache (prefill chunks)
             return [hidden.new_zeros((0, self.cfg.vocab_size), dtype=torch.float32)] * len(wanted)
-        logits = self.logits(hidden[torch.tensor(picks, dtype=torch.long)])  # [sum(wanted), vocab]
+        logits = self.logits(hidden[torch.tensor(picks, dtype=torch.long)], head)  # [sum(wanted), vocab]
         return list(logits.split(list(wanted)))

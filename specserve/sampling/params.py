@@ -36,6 +36,8 @@ MAX_LOGPROBS = 20  # the OpenAI API's limit for `logprobs` / `top_logprobs`
 GREEDY_TEMPERATURE = 1e-5
 PENALTY_RANGE = 2.0  # presence and frequency penalties live in [-2, 2]
 SEED_LIMIT = 2**63  # seeds live in [-2**63, 2**63): an int64, as in the OpenAI API
+MAX_STOP_STRINGS = 16  # stop strings per request
+MAX_STOP_CHARS = 256  # characters per stop string
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +46,10 @@ class SamplingParams:
 
     `temperature=0` (or below `GREEDY_TEMPERATURE`, or `top_k=1`) is greedy decoding; see
     `greedy`. `tv_budget` overrides the engine's mentored-decoding budget D for this
-    request (None: use the engine's).
+    request (None: use the engine's); `tv_entropy_top_k` = k spends it where the target is
+    uncertain, D_i = D * h_k(p_i) (see `sampling/entropy.py`; None: D at every position).
+    `fly_window` = W turns on FLy verification for this request (see `sampling/fly.py`;
+    None: off), with `fly_entropy_threshold` tau and `fly_top_k` for its entropy gate.
     """
 
     n: int = option(1, "completions per prompt")
@@ -65,6 +70,14 @@ class SamplingParams:
     logprobs: int | None = option(None, "the log-probabilities of this many most likely tokens")
     tv_budget: float | None = option(None, "this request's mentored decoding budget D")
     include_stop_str_in_output: bool = option(False, "keep the stop string in the text")
+    tv_entropy_top_k: int | None = option(
+        None, "spend the mentored budget where the target is uncertain: D_i = D * h_k(p_i), "
+        "the normalized entropy of its top k (None: D at every position)")
+    fly_window: int | None = option(None, "FLy verification: defer a rejection when the next "
+                                    "this many native verdicts agree (None: off)")
+    fly_entropy_threshold: float = option(0.3, "FLy: the target's top-k entropy from which a "
+                                          "rejection may be deferred, in [0, 1]")
+    fly_top_k: int = option(3, "FLy: the k of its entropy gate and of the draft's rank (>= 2)")
 
     def __post_init__(self) -> None:
         self._check_counts()
@@ -72,6 +85,7 @@ class SamplingParams:
         self._check_penalties()
         self._check_stops()
         self._check_misc()
+        self._check_lossy()
 
     @property
     def greedy(self) -> bool:
@@ -131,9 +145,14 @@ class SamplingParams:
 
     def _check_stops(self) -> None:
         stop = _as_tuple("stop", self.stop)
+        if len(stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stop)}")
         for entry in stop:
             if not isinstance(entry, str) or not entry:
                 raise ValueError(f"stop entries must be non-empty strings, got {entry!r}")
+            if len(entry) > MAX_STOP_CHARS:
+                raise ValueError(f"stop entries must be at most {MAX_STOP_CHARS} characters, "
+                                 f"got one of {len(entry)}")
             if not entry.isascii() and any("\ud800" <= c <= "\udfff" for c in entry):
                 raise ValueError(f"stop entries must be valid Unicode (no lone surrogates), "
                                  f"got {entry!r}")
@@ -151,6 +170,29 @@ class SamplingParams:
             if not 0 <= budget <= 1:
                 raise ValueError(f"tv_budget must be in [0, 1], got {self.tv_budget!r}")
             self._set("tv_budget", budget)
+
+    def _check_lossy(self) -> None:
+        if self.tv_entropy_top_k is not None:
+            self._set("tv_entropy_top_k", require_int("tv_entropy_top_k", self.tv_entropy_top_k,
+                                                      minimum=2))
+        window, tau, top_k = check_fly("fly", self.fly_window if self.fly_window is not None
+                                       else 1, self.fly_entropy_threshold, self.fly_top_k)
+        if self.fly_window is not None:
+            self._set("fly_window", window)
+        self._set("fly_entropy_threshold", tau)
+        self._set("fly_top_k", top_k)
+
+
+def check_fly(prefix: str, window: object, entropy_threshold: object,
+              top_k: object) -> tuple[int, float, int]:
+    """FLy's settings, checked: window W >= 1, entropy threshold in [0, 1], top-k >= 2 (the
+    errors name `{prefix}_window`, `{prefix}_entropy_threshold`, `{prefix}_top_k`)."""
+    window = require_int(f"{prefix}_window", window, minimum=1)
+    tau = require_real(f"{prefix}_entropy_threshold", entropy_threshold)
+    if not 0.0 <= tau <= 1.0:  # also rejects NaN
+        raise ValueError(f"{prefix}_entropy_threshold must be in [0, 1], got {entropy_threshold!r}")
+    top_k = require_int(f"{prefix}_top_k", top_k, minimum=2)
+    return window, tau, top_k
 
 
 def require_int(

@@ -19,6 +19,8 @@ min(1, pi(x) / q(x)) and recover from normalize(max(p - q, 0)), which equals
 normalize(max(pi - q, 0)). The emitted token is distributed exactly as pi, TV(pi, p) =
 theta d <= D, and the acceptance probability is 1 - max(0, d - D), the most any distribution
 within TV D of p can reach. D = 0 is the lossless rule; the bonus token always comes from p.
+The budget may also be given per draft position, D_0..D_{k-1} (see `sampling/entropy.py` for
+a budget shaped by the target's uncertainty); each position then spends its own D_i.
 
 The sampler is a pure function: all randomness arrives as uniforms in [0, 1), so tests are
 exact and seeded. Arithmetic is float64 (torch float64 on vocabulary rows, Python floats on
@@ -28,10 +30,14 @@ the per-draft scalars).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from specserve.sampling.round_checks import (check_budgets, check_draft_probs, check_round,
+                                             check_uniform, check_uniforms)
 
 KINDS = ("recovered", "bonus", "none")
 CHUNK_ELEMENTS = 1 << 18  # mentored rounds measure TV over about this many row entries at a time
@@ -72,7 +78,7 @@ def sample_from(probs: Tensor, uniform: float | Tensor) -> int:
     The comparison is strict, so an index of zero probability is never chosen: its cumulative
     mass equals its predecessor's, which would have been chosen first. `probs` need not sum to 1.
     """
-    u = _check_uniform(uniform, "uniform")
+    u = check_uniform(uniform, "uniform")
     if probs.dim() != 1:
         raise ValueError(f"probs must be 1-D [vocab], got shape {tuple(probs.shape)}")
     probs = _f64(probs)  # [vocab]
@@ -93,7 +99,7 @@ def verify_greedy(draft_tokens: Tensor, target_probs_or_logits: Tensor,
     Ties go to the lowest index (torch.argmax). No budget is spent: tv_distances are zeros.
     With k = 0 the argmax of row 0 is emitted whatever `bonus_token` says.
     """
-    drafts = _check_round(draft_tokens, target_probs_or_logits)
+    drafts = check_round(draft_tokens, target_probs_or_logits)
     k = len(drafts)
     best = target_probs_or_logits.argmax(-1).tolist()  # [k + 1]
     num_accepted = next((i for i, x in enumerate(drafts) if best[i] != x), k)
@@ -106,39 +112,50 @@ def verify_greedy(draft_tokens: Tensor, target_probs_or_logits: Tensor,
 
 
 def verify(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
-           uniforms: Tensor | list[float], residual_uniform: float, tv_budget: float = 0.0,
-           bonus_token: bool = True) -> VerifyResult:
+           uniforms: Tensor | list[float], residual_uniform: float,
+           tv_budget: float | Sequence[float] = 0.0, bonus_token: bool = True) -> VerifyResult:
     """Verify one round of k draft tokens against k + 1 target distributions.
 
     draft_tokens: [k] integer; draft_probs: [k, vocab] or None (one-hot drafts);
     target_probs: [k + 1, vocab]; uniforms: [k] accept draws in [0, 1);
-    residual_uniform: the draw in [0, 1) for the recovered or bonus token.
+    residual_uniform: the draw in [0, 1) for the recovered or bonus token;
+    tv_budget: one D for every position, or [k] budgets D_i.
     Draft i is accepted when uniforms[i] < a_i(x_i). With k = 0 the round is a plain decode
     step: one token sampled from target_probs[0] whatever `bonus_token` says.
     """
-    _check_tv_budget(tv_budget)
-    drafts = _check_round(draft_tokens, target_probs)
+    drafts = check_round(draft_tokens, target_probs)
     k = len(drafts)
-    _check_draft_probs(draft_probs, target_probs, k)
-    us = _check_uniforms(uniforms, k)
-    residual_u = _check_uniform(residual_uniform, "residual_uniform")
+    budgets = check_budgets(tv_budget, k)
+    check_draft_probs(draft_probs, target_probs, k)
+    us = check_uniforms(uniforms, k)
+    residual_u = check_uniform(residual_uniform, "residual_uniform")
 
-    num_accepted, tv = _count_accepted(draft_tokens, draft_probs, target_probs, us, tv_budget)
+    decisions, tv = native_decisions(draft_tokens, draft_probs, target_probs, us, budgets)
+    num_accepted = decisions.index(False) if False in decisions else k
     if num_accepted < k:
-        q = _draft_row(draft_probs, drafts, num_accepted, target_probs.shape[1])  # [vocab]
-        token = _sample_recovered(target_probs[num_accepted], q, residual_u)
-        return VerifyResult(drafts[:num_accepted] + [token], num_accepted, "recovered", tv)
+        return reject_at(num_accepted, drafts, draft_probs, target_probs, residual_u, tv)
     if bonus_token or k == 0:
         return VerifyResult(drafts + [sample_from(target_probs[k], residual_u)], k, "bonus", tv)
     return VerifyResult(drafts, k, "none", tv)
 
 
-def _count_accepted(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
-                    us: list[float], tv_budget: float) -> tuple[int, list[float]]:
-    """Drafts kept before the first rejection, and TV(pi_i, p_i) = theta_i d_i per verified draft.
+def reject_at(i: int, drafts: list[int], draft_probs: Tensor | None, target_probs: Tensor,
+              residual_u: float, tv: list[float]) -> VerifyResult:
+    """The round that keeps drafts[:i] and recovers position i from normalize(max(p_i - q_i, 0))."""
+    q = _draft_row(draft_probs, drafts, i, target_probs.shape[1])  # [vocab]
+    token = _sample_recovered(target_probs[i], q, residual_u)
+    return VerifyResult(drafts[:i] + [token], i, "recovered", tv)
 
-    Lossless rounds (D = 0) only gather p_i(x_i) and q_i(x_i). Mentored rounds need d_i over
-    the vocabulary; they measure it a chunk of rows at a time and stop at the first rejection.
+
+def native_decisions(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
+                     us: list[float], budgets: list[float], until_rejection: bool = True
+                     ) -> tuple[list[bool], list[float]]:
+    """The rule's verdict on each draft (uniforms[i] < a_i(x_i)) and TV(pi_i, p_i) = theta_i d_i.
+
+    With `until_rejection` the lists stop at the first rejection (included); otherwise every
+    one of the k drafts is judged, each as if the drafts before it had been kept (the target
+    scored them in that context). Lossless positions (D_i = 0) only gather p_i(x_i) and
+    q_i(x_i); mentored ones need d_i over the vocabulary, measured a chunk of rows at a time.
     """
     k = draft_tokens.numel()
     long_tokens = draft_tokens if draft_tokens.dtype == torch.long else draft_tokens.long()
@@ -146,16 +163,20 @@ def _count_accepted(draft_tokens: Tensor, draft_probs: Tensor | None, target_pro
     p_x = _column(target_probs.gather(1, index))  # [k] p_i(x_i); gather reads rows 0..k-1
     q_x = [1.0] * k if draft_probs is None else _column(draft_probs.gather(1, index))  # [k]
     chunk = max(1, CHUNK_ELEMENTS // target_probs.shape[1])
+    decisions: list[bool] = []
     tv: list[float] = []
     for start in range(0, k, chunk):
         stop = min(k, start + chunk)
-        ds = _draft_tvs(target_probs, draft_probs, p_x, start, stop) if tv_budget > 0 else None
+        mentored = any(b > 0 for b in budgets[start:stop])
+        ds = _draft_tvs(target_probs, draft_probs, p_x, start, stop) if mentored else None
         for i in range(start, stop):
-            theta = 0.0 if ds is None else _mentor_weight(ds[i - start], tv_budget)
-            tv.append(0.0 if ds is None else theta * ds[i - start])
-            if us[i] >= _accept_prob(_mix(p_x[i], q_x[i], theta), q_x[i]):
-                return i, tv
-    return k, tv
+            d = 0.0 if ds is None else ds[i - start]
+            theta = _mentor_weight(d, budgets[i]) if budgets[i] > 0 else 0.0
+            tv.append(theta * d)
+            decisions.append(us[i] < _accept_prob(_mix(p_x[i], q_x[i], theta), q_x[i]))
+            if until_rejection and not decisions[-1]:
+                return decisions, tv
+    return decisions, tv
 
 
 def _draft_tvs(target_probs: Tensor, draft_probs: Tensor | None, p_x: list[float],
@@ -226,56 +247,3 @@ def _column(t: Tensor) -> list[float]:
 
 def _f64(t: Tensor) -> Tensor:
     return t if t.dtype == torch.float64 else t.to(torch.float64)
-
-
-# ---------------------------------------------------------------- validation
-
-def _check_tv_budget(tv_budget: float) -> None:
-    if not 0.0 <= tv_budget <= 1.0:  # also rejects NaN
-        raise ValueError(f"tv_budget must be in [0, 1], got {tv_budget}")
-
-
-def _check_uniform(uniform: float | Tensor, name: str) -> float:
-    u = float(uniform)
-    if not 0.0 <= u < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {u}")
-    return u
-
-
-def _check_uniforms(uniforms: Tensor | list[float], k: int) -> list[float]:
-    us = uniforms.tolist() if isinstance(uniforms, Tensor) else list(uniforms)
-    if not isinstance(us, list) or len(us) != k:
-        raise ValueError(f"uniforms must hold k = {k} draws, got {len(us)}")
-    if not all(0.0 <= u < 1.0 for u in us):
-        raise ValueError(f"uniforms must lie in [0, 1), got {us}")
-    return us
-
-
-def _check_round(draft_tokens: Tensor, target_probs: Tensor) -> list[int]:
-    """Validate a round's shapes; the draft tokens as a list."""
-    if draft_tokens.dim() != 1:
-        raise ValueError(f"draft_tokens must be 1-D [k], got shape {tuple(draft_tokens.shape)}")
-    if not _is_integer(draft_tokens):
-        raise ValueError(f"draft_tokens must be integer, got {draft_tokens.dtype}")
-    drafts = draft_tokens.tolist()
-    k = len(drafts)
-    if target_probs.dim() != 2 or target_probs.shape[0] != k + 1:
-        raise ValueError(f"target_probs must have shape [k + 1, vocab] = [{k + 1}, vocab], "
-                         f"got {tuple(target_probs.shape)}")
-    vocab = target_probs.shape[1]
-    if not all(0 <= x < vocab for x in drafts):
-        raise ValueError(f"draft_tokens must lie in [0, {vocab}), got {drafts}")
-    return drafts
-
-
-def _is_integer(t: Tensor) -> bool:
-    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
-
-
-def _check_draft_probs(draft_probs: Tensor | None, target_probs: Tensor, k: int) -> None:
-    if draft_probs is None:
-        return
-    expected = (k, target_probs.shape[1])
-    if tuple(draft_probs.shape) != expected:
-        raise ValueError(f"draft_probs must have shape {list(expected)}, "
-                         f"got {tuple(draft_probs.shape)}")

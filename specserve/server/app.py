@@ -3,14 +3,24 @@
 
 `build_app` takes a running `EngineClient` (an `AsyncEngine`, or a `ReplicaPool`) and what the
 routes need to know about the model; it loads nothing, so tests and other front ends can build
-one around any engine.
+one around any engine. `ServerLimits`
+bounds what a request may ask for (`limits.py`); `Admission` refuses work beyond the waiting
+bound with 429 (`admission.py`). Preparing a request (template, tokenizing) runs on a worker
+thread, so a large body never holds up other streams or `/health`.
+
+When the engine is dead (`EngineClient.dead_reason`: its thread died or a step hung; for
+replicas: none is live), every request, open or new, gets 503 `engine_dead` and `/health`
+answers 503 with the reason; the process stays up so that clients get their answers and a
+supervisor sees the failing probe.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator
@@ -19,19 +29,21 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
-from specserve.engine.client import EngineClient, EngineClosed, EngineError
+from specserve.engine.client import EngineClient, EngineClosed, EngineDead, EngineError
 from specserve.engine.outputs import RequestOutput
 from specserve.models.tokenizer import Tokenizer
 from specserve.server import errors, sse
-from specserve.server.errors import APIError, from_value_error
+from specserve.server.admission import Admission, Ticket
 from specserve.server.config import DEFAULT_MAX_BODY_BYTES
+from specserve.server.errors import APIError, from_value_error, internal_error
 from specserve.server.guard import Guard
+from specserve.server.limits import ServerLimits
 from specserve.server.metrics import CONTENT_TYPE, ServerMetrics
 from specserve.server.preparation import Job, ModelLimits, chat_jobs, completion_jobs
 from specserve.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
                                        CompletionResponse, ErrorResponse, ModelList, SamplingFields)
 from specserve.server.responses import Responder, Shape
-from specserve.server.streams import merged, unless_disconnected
+from specserve.server.streams import merged, unless_disconnected, until
 
 log = logging.getLogger("specserve.server")
 STATIC = Path(__file__).with_name("static")  # the chat page at `/` (issue 17): plain HTML/CSS/JS
@@ -41,7 +53,9 @@ ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text
     (400, "invalid request: malformed JSON, wrong type, out-of-range value, prompt or max_tokens "
           "beyond the context"),
     (401, "missing or wrong API key"), (404, "unknown model"), (413, "request body too large"),
-    (503, "the server is shutting down")]}
+    (429, "the server is at capacity: retry after `Retry-After` seconds"),
+    (503, "the server is shutting down, or its engine is dead"),
+    (504, "the request ran past the server's request timeout")]}
 STREAM_DOC = {"description": "the response; with `stream: true`, server-sent events of chunks "
                              "ending in `data: [DONE]`",
               "content": {sse.MEDIA_TYPE: {"schema": {"type": "string"}}}}
@@ -55,13 +69,23 @@ class ServerState:
     tokenizer: Tokenizer
     limits: ModelLimits
     metrics: ServerMetrics
+    bounds: ServerLimits
+    admission: Admission
     created: int = field(default_factory=lambda: int(time.time()))
     accepting: bool = True
 
+    @property
+    def dead_reason(self) -> str | None:
+        return self.engine.dead_reason
+
 
 def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, api_key: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> tuple[Guard, ServerState]:
-    state = ServerState(engine, tokenizer, limits, ServerMetrics(engine.stats, limits.name))
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              bounds: ServerLimits = ServerLimits()) -> tuple[Guard, ServerState]:
+    """The app around `engine`; `bounds`: what requests and clients may ask for (the
+    defaults of `ServerLimits` unless given)."""
+    state = ServerState(engine, tokenizer, limits, ServerMetrics(engine.stats, limits.name), bounds,
+                        Admission(limits.max_num_seqs, bounds.max_waiting, bounds.retry_after_s))
     app = FastAPI(title="specserve", version="0.1.0", summary="OpenAI-compatible server with "
                   "speculative decoding (per-request settings and statistics)")
     errors.install(app)
@@ -69,14 +93,16 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
               responses={**ERRORS, 200: STREAM_DOC})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        jobs = _prepare(state, lambda: chat_jobs(body, state.tokenizer, state.limits))
+        jobs = await _prepare(state, lambda: chat_jobs(body, state.tokenizer, state.limits,
+                                                       state.bounds))
         return await _generate(state, request, body, jobs, Shape(chat=True), "chatcmpl",
                                jobs[0].params.logprobs)
 
     @app.post("/v1/completions", response_model=CompletionResponse,
               responses={**ERRORS, 200: STREAM_DOC})
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        jobs = _prepare(state, lambda: completion_jobs(body, state.tokenizer, state.limits))
+        jobs = await _prepare(state, lambda: completion_jobs(body, state.tokenizer, state.limits,
+                                                             state.bounds))
         return await _generate(state, request, body, jobs, Shape(chat=False), "cmpl", body.logprobs)
 
     @app.get("/v1/models", response_model=ModelList, responses={401: ERRORS[401]})
@@ -87,13 +113,17 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
 
     @app.get("/health", responses={503: ERRORS[503]})
     async def health() -> JSONResponse:
-        """200 while serving (with the speculative acceptance health flag), 503 once shutting
-        down or once the engine cannot serve (its thread stopped, no replica is live)."""
-        stats = state.engine.stats()
+        """200 while serving (with the speculative acceptance health flag); 503 once shutting
+        down, when the engine is dead (with the reason) or once it cannot serve otherwise (its
+        thread stopped after a shutdown)."""
+        stats, dead = state.engine.stats(), state.dead_reason
         serving = state.accepting and state.engine.health()
-        status = "ok" if serving else "unhealthy" if state.accepting else "shutting_down"
+        status = ("ok" if serving else "engine_dead" if dead else
+                  "shutting_down" if not state.accepting else "unhealthy")
         body = {"status": status, "speculative_acceptance_healthy": stats.healthy,
                 "running": stats.running, "waiting": stats.waiting}
+        if dead:
+            body["reason"] = dead
         return JSONResponse(body, status_code=200 if serving else 503)
 
     @app.get("/metrics", response_class=Response,
@@ -109,7 +139,7 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _document_400_not_422(app)
-    guarded = Guard(app, max_body_bytes, api_key, state.metrics.error)
+    guarded = Guard(app, max_body_bytes, api_key, state.metrics.error, bounds)
     app.state.server = state
     return guarded, state
 
@@ -132,10 +162,12 @@ def _document_400_not_422(app: FastAPI) -> None:
     app.openapi = openapi
 
 
-def _prepare(state: ServerState, make_jobs) -> list[Job]:
+async def _prepare(state: ServerState, make_jobs) -> list[Job]:
+    if state.dead_reason is not None:
+        raise _dead(state.dead_reason)
     if not state.accepting:
         raise APIError(503, "the server is shutting down", code="shutting_down")
-    return make_jobs()
+    return await asyncio.get_running_loop().run_in_executor(None, make_jobs)
 
 
 async def _generate(state: ServerState, request: Request, body: SamplingFields, jobs: list[Job],
@@ -145,41 +177,55 @@ async def _generate(state: ServerState, request: Request, body: SamplingFields, 
         j.speculation is None or j.speculation.enabled for j in jobs)
     responder = Responder(shape, request_id, body.model, body.n, state.tokenizer, logprobs,
                           body.return_token_origins, spec_on)
+    ticket = state.admission.admit(len(jobs) * body.n)
+    timeout = state.bounds.request_timeout
+    deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_stream(state, jobs, request_id, responder, include_usage),
-                                 media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
-    completed, outputs = await unless_disconnected(request, _collect(state, jobs, request_id))
+        chunks = _stream(state, jobs, request_id, responder, include_usage, deadline, ticket)
+        weakref.finalize(chunks, ticket.release)  # also when the stream never starts
+        return StreamingResponse(chunks, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+    try:
+        completed, outputs = await unless_disconnected(
+            request, _collect(state, jobs, request_id, deadline))
+    finally:
+        ticket.release()
     if not completed:
         return Response(status_code=499)  # nobody is listening; the requests were aborted
     return JSONResponse(responder.body(outputs))
 
 
-async def _collect(state: ServerState, jobs: list[Job], request_id: str) -> list[RequestOutput]:
+def _deltas(state: ServerState, jobs: list[Job], request_id: str, deadline: float | None):
+    concurrency = None
+    if state.limits.max_num_seqs is not None:
+        slots = state.bounds.slots_per_request(state.limits.max_num_seqs)
+        concurrency = max(1, slots // jobs[0].params.n)
+    return until(deadline, merged(state.engine, jobs, request_id, concurrency))
+
+
+async def _collect(state: ServerState, jobs: list[Job], request_id: str,
+                   deadline: float | None) -> list[RequestOutput]:
     outputs: list[RequestOutput | None] = [None] * len(jobs)
     try:
-        async for i, delta in merged(state.engine, jobs, request_id):
+        async for i, delta in _deltas(state, jobs, request_id, deadline):
             _raise_engine_error(delta.error)
             if delta.finished:
                 outputs[i] = delta.output
                 state.metrics.observe(delta.output)
-    except ValueError as e:
-        raise from_value_error(e) from e
-    except EngineClosed as e:
-        raise APIError(503, str(e), code="shutting_down") from e
-    except EngineError as e:
-        log.error("%s", e, exc_info=e.__cause__)
-        raise APIError(500, str(e), code="engine_error") from e
+    except APIError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every failure gets its status (see _failure)
+        raise _failure(state, e, request_id) from e
     return outputs
 
 
 async def _stream(state: ServerState, jobs: list[Job], request_id: str, responder: Responder,
-                  include_usage: bool) -> AsyncIterator[str]:
+                  include_usage: bool, deadline: float | None, ticket: Ticket) -> AsyncIterator[str]:
     """SSE chunks; the last one (before `[DONE]`) carries `speculative_stats`, and the usage
     when asked for. Cancelled (the client went away) → the engine requests are aborted."""
     outputs: list[RequestOutput | None] = [None] * len(jobs)
     try:
-        async for i, delta in merged(state.engine, jobs, request_id):
+        async for i, delta in _deltas(state, jobs, request_id, deadline):
             _raise_engine_error(delta.error)
             chunk = responder.chunk(i, delta.completions, include_usage)
             if delta.finished:
@@ -190,17 +236,36 @@ async def _stream(state: ServerState, jobs: list[Job], request_id: str, responde
                     yield sse.event(last)
             elif chunk is not None:
                 yield sse.event(chunk)
-    except ValueError as e:
-        yield sse.event(from_value_error(e).body())
-    except EngineClosed as e:
-        yield sse.event(APIError(503, str(e), code="shutting_down").body())
-    except EngineError as e:
-        log.error("%s", e, exc_info=e.__cause__)
-        yield sse.event(APIError(500, str(e), code="engine_error").body())
     except Exception as e:  # noqa: BLE001 - headers are sent: the error goes in the stream
-        log.exception("request %s failed", request_id)
-        yield sse.event(APIError(500, f"internal error: {e}", code="internal_error").body())
+        yield sse.event(_failure(state, e, request_id).body())
+    finally:
+        ticket.release()
     yield sse.DONE
+
+
+def _failure(state: ServerState, e: Exception, request_id: str) -> APIError:
+    """The API error for a request that failed while it ran."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, ValueError):
+        return from_value_error(e)
+    if isinstance(e, TimeoutError):
+        return APIError(504, f"the request ran past this server's request timeout of "
+                        f"{state.bounds.request_timeout:g} s and was aborted", code="request_timeout")
+    if isinstance(e, EngineDead) or state.dead_reason is not None:
+        return _dead(state.dead_reason or str(e))
+    if isinstance(e, EngineClosed):
+        return APIError(503, str(e), code="shutting_down")
+    if isinstance(e, EngineError):
+        # the engine's own message (e.g. which replica failed) and its cause's traceback, if any
+        return internal_error("in the engine", e, traceback=e.__cause__, request_id=request_id,
+                              code="engine_error")
+    return internal_error("while serving", e, traceback=e, request_id=request_id)
+
+
+def _dead(reason: str) -> APIError:
+    return APIError(503, f"the engine is dead ({reason}); this server answers no more requests "
+                    f"until it is restarted", code="engine_dead")
 
 
 def _last_chunks(responder: Responder, chunk: dict | None, outputs: list[RequestOutput],

@@ -16,21 +16,34 @@ from specserve.server.config import ServerConfig
 
 log = logging.getLogger("specserve.server")
 DESCRIPTION = """An OpenAI-compatible server. With no arguments it serves the default pair
-(int4 target, int4 draft, cost-aware lossless speculation) on 127.0.0.1:8000. On SIGTERM (or
+(int4 target, int4 draft, hybrid lossless speculation) on 127.0.0.1:8000; any other --model
+is served with the default draft only where their vocabularies match, else with suffix drafting
+alone. On SIGTERM (or
 Ctrl-C) it stops accepting, lets in-flight requests finish within --shutdown-timeout seconds,
-aborts the rest (their streams end with finish_reason "abort"), and exits 0."""
-# the default speculation: the default draft, k chosen per round by the cost-aware policy
-SPECULATION = {"method": "draft_model", "model": DEFAULT_DRAFT, "num_speculative_tokens": -1}
+aborts the rest (their streams end with finish_reason "abort"), and exits 0; a second SIGTERM
+aborts them at once."""
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat, completions, streaming, "
                        "metrics)", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_llm_flags(p, SPECULATION, title=f"speculative decoding (default: draft model "
-                  f"{DEFAULT_DRAFT}, cost-aware k, lossless)")
-    add_flags(p.add_argument_group("HTTP, shutdown and replicas (Ray Serve; needs "
-                                   "`pip install specserve[ray]`)"), ServerConfig)
+    add_llm_flags(p, default_speculation_of, title=f"speculative decoding (default: draft model "
+                  f"{DEFAULT_DRAFT} for a target of its vocabulary, else suffix drafting; "
+                  "cost-aware k, lossless)")
+    add_flags(p.add_argument_group("HTTP, shutdown, replicas (Ray Serve; needs `pip install "
+                                   "specserve[ray]`) and limits (what one request, one client "
+                                   "and the server may ask for)"), ServerConfig)
     p.set_defaults(func=cmd_serve)
+
+
+def default_speculation_of(args: argparse.Namespace) -> dict:
+    """serve's speculation when no flag names a method: `default_speculation.decide` for the
+    model given (the default pair: hybrid with the default draft), said in one log line."""
+    from specserve.server import default_speculation
+
+    config, reason = default_speculation.decide(args.model, DEFAULT_DRAFT)
+    log.info("specserve: %s", reason)
+    return config
 
 
 def parse_size(text: str | None) -> int | None:
@@ -38,10 +51,15 @@ def parse_size(text: str | None) -> int | None:
     return None if text is None else convert(EngineConfig, "kv_cache_memory", text)
 
 
+def server_limits(args: argparse.Namespace):
+    """The `ServerLimits` the flags ask for (`ServerConfig.limits`; ValueError naming the flag)."""
+    return build(ServerConfig, args).limits()
+
+
 def cmd_serve(args) -> int:
-    server = build(ServerConfig, args)
-    config = LLMConfig.from_args(args)
+    server = build(ServerConfig, args)  # flags first; then, with no speculation flag, the default
     logging.basicConfig(level=server.log_level.upper(), format="%(levelname)s:     %(message)s")
+    config = LLMConfig.from_args(args)
     from specserve.llm import LLM
     from specserve.server.app import build_app
     from specserve.server.preparation import ModelLimits
@@ -55,11 +73,12 @@ def cmd_serve(args) -> int:
     draft = f" + draft {llm.draft.path.name}" if llm.draft is not None else ""
     log.info("specserve: loaded %s%s (%s weights, speculation %s) in %.1f s", llm.target.path.name,
              draft, config.load.weights, config.speculative or "off", time.perf_counter() - start)
-    engine = llm.async_engine()
+    engine = llm.async_engine(server.step_timeout)
     limits = ModelLimits(server.served_model_name or str(config.load.model),
                          llm.engine.config.max_model_len, llm.target.config.vocab_size,
-                         llm.spec is not None)
-    app, state = build_app(engine, llm.tokenizer, limits, server.api_key, server.max_request_bytes)
+                         llm.spec is not None, config.engine.max_num_seqs)
+    app, state = build_app(engine, llm.tokenizer, limits, server.api_key, server.max_request_bytes,
+                           server.limits())
     try:
         asyncio.run(run_app(app, state, server))
     finally:

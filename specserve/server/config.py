@@ -1,7 +1,13 @@
 """`ServerConfig`: what `specserve serve` needs beyond the `LLM`'s configuration (the HTTP
-side, shutdown, replicas), each field declared once as an option (see `specserve.options`):
-the field is the flag (`--max-request-bytes`), and `__post_init__` checks it with a
-`ValueError` naming it. A new server option is a new field here (and its check)."""
+side, shutdown, replicas, the limits of `ServerLimits` and the engine's step watchdog), each
+field declared once as an option (see `specserve.options`): the field is the flag
+(`--max-request-bytes`), and `__post_init__` checks it with a `ValueError` naming it. A new
+server option is a new field here (and its check).
+
+The limit fields become a `ServerLimits` (`limits()`, the bounds the app and uvicorn enforce;
+see `server/limits.py`), whose own checks are the limits' checks: its field names that differ
+from the flags' (`keep_alive_s`, `header_timeout_s`, `special_tokens_in_prompts`) are reworded
+to this config's."""
 
 from __future__ import annotations
 
@@ -9,6 +15,12 @@ from dataclasses import dataclass
 
 from specserve.options import option
 from specserve.sampling.params import require_bool, require_int, require_real
+from specserve.server.limits import ServerLimits
+
+LIMITS = ServerLimits()
+# ServerLimits's fields under another name here (the flags' names)
+LIMIT_NAMES = {"keep_alive_s": "keep_alive_timeout", "header_timeout_s": "header_timeout",
+               "special_tokens_in_prompts": "allow_special_tokens"}
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -34,6 +46,31 @@ class ServerConfig:
     ray_address: str | None = option(
         None, "join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a "
         "local Ray instance")
+    # limits (what one request, one client and the server may ask for): see ServerLimits
+    max_waiting: int = option(LIMITS.max_waiting, "sequences admitted beyond the engine's "
+                              "slots; beyond them requests get 429 with Retry-After")
+    request_timeout: float | None = option(
+        LIMITS.request_timeout, "seconds a request may run before it is aborted with 504 "
+        "(default: none)")
+    max_slot_share: float = option(LIMITS.max_slot_share, "share of the sequence slots one "
+                                   "request may hold at once")
+    max_choices: int = option(LIMITS.max_choices, "prompts × n per request")
+    max_prompt_chars: int = option(LIMITS.max_prompt_chars, "characters of prompt text per "
+                                   "request, checked before tokenizing")
+    allow_special_tokens: bool = option(
+        LIMITS.special_tokens_in_prompts, "read special tokens' text in prompts and messages as "
+        "the tokens (default: as text)")
+    allowed_hosts: str = option(",".join(LIMITS.allowed_hosts), "comma-separated Host names "
+                                "the server answers to, besides the --host address itself "
+                                "('*': any)")
+    max_connections: int = option(LIMITS.max_connections, "open connections at most (503 "
+                                  "beyond)")
+    keep_alive_timeout: float = option(LIMITS.keep_alive_s, "seconds an idle kept-alive "
+                                       "connection stays open")
+    header_timeout: float = option(LIMITS.header_timeout_s, "seconds a connection gets to "
+                                   "send a request head")
+    step_timeout: float = option(300.0, "seconds one engine step may take before the engine "
+                                 "counts as dead (503 engine_dead, /health 503)")
 
     def __post_init__(self) -> None:
         require_int("port", self.port, minimum=0, maximum=65535)
@@ -51,3 +88,31 @@ class ServerConfig:
             require_int("replicas", self.replicas, minimum=1)
         if self.ray_address is not None and self.replicas is None:
             raise ValueError("ray_address needs replicas")
+        step = require_real("step_timeout", self.step_timeout)
+        if not step > 0:
+            raise ValueError(f"step_timeout must be > 0 seconds, got {self.step_timeout}")
+        require_bool("allow_special_tokens", self.allow_special_tokens)
+        if not isinstance(self.allowed_hosts, str):
+            raise ValueError(f"allowed_hosts must be a comma-separated string, "
+                             f"got {self.allowed_hosts!r}")
+        try:
+            self.limits()
+        except ValueError as e:
+            text = str(e)
+            for limit, name in LIMIT_NAMES.items():
+                text = text.replace(limit, name)
+            raise ValueError(text) from None
+
+    def limits(self) -> ServerLimits:
+        """The `ServerLimits` of these flags; the address it binds, as a literal, is an allowed
+        Host too (it names this server; a wildcard address adds nothing)."""
+        hosts = tuple(h.strip() for h in self.allowed_hosts.split(",") if h.strip())
+        bound = self.host.strip("[]").lower()
+        if hosts and bound not in ("0.0.0.0", "::", "") and bound not in hosts:
+            hosts += (bound,)
+        return ServerLimits(
+            max_choices=self.max_choices, max_prompt_chars=self.max_prompt_chars,
+            max_slot_share=self.max_slot_share, request_timeout=self.request_timeout,
+            max_waiting=self.max_waiting, special_tokens_in_prompts=self.allow_special_tokens,
+            allowed_hosts=hosts, max_connections=self.max_connections,
+            keep_alive_s=self.keep_alive_timeout, header_timeout_s=self.header_timeout)

@@ -3,12 +3,14 @@
 Everything a client can get wrong ends here as a 4xx: pydantic's validation errors (wrong
 types, out-of-range values, malformed JSON), `ValueError`s from sampling parameters or the
 engine (their messages start with the field's name), unknown routes and methods. Anything
-else is a bug and gets a 500 with the same shape, logged with its traceback.
+else is a bug and gets a 500 with the same shape, naming a request id; the exception and its
+traceback go to the log under that id, never into the body.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,24 +21,27 @@ log = logging.getLogger("specserve.server")
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
          405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
-         503: "service_unavailable_error"}
+         421: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error",
+         504: "timeout_error"}
 
 
 class APIError(Exception):
     """A request the server refuses, with its HTTP status and OpenAI error fields."""
 
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, type: str | None = None) -> None:
+                 code: str | None = None, type: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type or TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers or {}
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def from_value_error(e: ValueError, code: str = "invalid_value") -> APIError:
@@ -82,5 +87,14 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, e: Exception) -> JSONResponse:
-        log.exception("internal error serving %s", request.url.path)
-        return APIError(500, f"internal server error: {type(e).__name__}", code="internal_error").response()
+        return internal_error(f"serving {request.url.path}", e, traceback=e).response()
+
+
+def internal_error(what: str, e: BaseException, *, traceback: BaseException | None,
+                   request_id: str | None = None, code: str = "internal_error") -> APIError:
+    """A 500 that names an id to look up in the log, which has the exception and the traceback
+    of `traceback` (None: none); the body carries no internal text."""
+    request_id = request_id or f"err-{uuid.uuid4().hex}"
+    log.error("request %s failed %s: %r", request_id, what, e, exc_info=traceback)
+    return APIError(500, f"internal server error (request id {request_id}; see the server log)",
+                    code=code)

@@ -1,5 +1,8 @@
 """An ASGI layer in front of the app: refuses oversized bodies (413) before they are read in
-full, checks the API key on `/v1/` routes (401), and counts error statuses for `/metrics`."""
+full, a Host header that does not name this server (400: a web page on a rebinding DNS
+name must not reach a loopback server), a missing or wrong API key on `/v1/` routes and
+`/metrics` (401), and counts error statuses for `/metrics`. `/health` answers any Host, so a
+supervisor may probe by address."""
 
 from __future__ import annotations
 
@@ -11,12 +14,14 @@ from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specserve.server.errors import APIError
+from specserve.server.limits import ServerLimits
 
 
 class Guard:
     def __init__(self, app: ASGIApp, max_body_bytes: int, api_key: str | None,
-                 on_error: Callable[[int], None]) -> None:
+                 on_error: Callable[[int], None], bounds: ServerLimits = ServerLimits()) -> None:
         self.app, self.max_body_bytes, self.api_key, self.on_error = app, max_body_bytes, api_key, on_error
+        self.bounds = bounds  # the allowed Host names
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -50,7 +55,10 @@ class Guard:
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body_bytes:
             return self._too_large()
-        if self.api_key is not None and path.startswith("/v1/"):
+        if path != "/health" and not self.bounds.allows_host(headers.get("host", "")):
+            return APIError(400, f"Host {headers.get('host', '')!r} is not one this server answers "
+                            f"to (see --allowed-hosts)", code="host_not_allowed")
+        if self.api_key is not None and (path.startswith("/v1/") or path == "/metrics"):
             auth = headers.get("authorization", "")
             scheme, _, token = auth.partition(" ")
             if not auth:

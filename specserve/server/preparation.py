@@ -1,6 +1,12 @@
 """From an API request body to what the engine takes: prompt token ids, `SamplingParams` and a
 `SpeculationOverride`, one `Job` per prompt. Every check a client can fail happens here, before
-the engine sees anything, and raises an `APIError` (a 4xx with the offending field named)."""
+the engine sees anything, and raises an `APIError` (a 4xx with the offending field named).
+
+The bounds of `ServerLimits` apply before any work is spent: prompts × n, n against the
+request's share of sequence slots, and the prompt text's length in characters before it is
+tokenized. The app runs these functions on a worker thread, off the event loop. Message
+content and prompt text are encoded with special tokens' text as text unless the server
+allows special tokens in prompts (`Tokenizer.encode_chat`)."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from specserve.engine.outputs import SpeculationOverride
 from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.params import SamplingParams
 from specserve.server.errors import APIError, from_value_error
+from specserve.server.limits import ServerLimits
 from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 ROLE_ALIASES = {"developer": "system"}
@@ -26,13 +33,14 @@ class Job:
 
 @dataclass(frozen=True)
 class ModelLimits:
-    """What a request must fit: the served name, the context length, the vocabulary, and
-    whether the server drafts at all."""
+    """What a request must fit: the served name, the context length, the vocabulary,
+    whether the server drafts at all, and the engine's sequence slots (None: unknown)."""
 
     name: str
     max_model_len: int
     vocab_size: int
     speculative: bool
+    max_num_seqs: int | None = None
 
 
 def check_model(requested: str, limits: ModelLimits) -> None:
@@ -41,39 +49,63 @@ def check_model(requested: str, limits: ModelLimits) -> None:
                        param="model", code="model_not_found")
 
 
-def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLimits) -> list[Job]:
+def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLimits,
+              server: ServerLimits = ServerLimits()) -> list[Job]:
     check_model(req.model, limits)
+    check_choices(1, req.n, limits, server)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     messages = [{"role": ROLE_ALIASES.get(m.role, m.role), "content": m.text()} for m in req.messages]
+    check_chars(sum(len(m["content"]) for m in messages), "messages", server)
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = tokenizer.encode_chat(messages, add_generation_prompt=True,
+                                    parse_special_in_content=server.special_tokens_in_prompts)
     except Exception as e:  # a template may refuse a conversation (e.g. roles out of order)
         raise APIError(400, f"messages: the chat template refused them: {e}", param="messages") from e
-    ids = _encode(tokenizer, text, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     return [_job(req, ids, "messages", max_tokens, param, logprobs, limits)]
 
 
-def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelLimits) -> list[Job]:
+def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelLimits,
+                    server: ServerLimits = ServerLimits()) -> list[Job]:
     check_model(req.model, limits)
     prompts = req.prompt
     if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
         prompts = [prompts]
+    check_choices(len(prompts), req.n, limits, server)
+    check_chars(sum(len(p) for p in prompts if isinstance(p, str)), "prompt", server)
     jobs = []
     for prompt in prompts:
-        ids = _encode(tokenizer, prompt, "prompt") if isinstance(prompt, str) else list(prompt)
+        ids = (_encode(tokenizer, prompt, "prompt", server.special_tokens_in_prompts)
+               if isinstance(prompt, str) else list(prompt))
         if any(t >= limits.vocab_size for t in ids):
             raise APIError(400, f"prompt: token ids must be < {limits.vocab_size}", param="prompt")
         jobs.append(_job(req, ids, "prompt", req.max_tokens, "max_tokens", req.logprobs, limits))
     return jobs
 
 
-def _encode(tokenizer: Tokenizer, text: str, param: str) -> list[int]:
+def check_choices(prompts: int, n: int, limits: ModelLimits, server: ServerLimits) -> None:
+    """prompts × n within `max_choices`; n within the request's share of the sequence slots."""
+    if prompts * n > server.max_choices:
+        raise APIError(400, f"n: {prompts} prompt(s) × n={n} asks for {prompts * n} completions; "
+                       f"this server takes at most {server.max_choices} per request", param="n")
+    if limits.max_num_seqs is not None and n > server.slots_per_request(limits.max_num_seqs):
+        raise APIError(400, f"n: {n} completions at once exceed this server's share for one request "
+                       f"({server.slots_per_request(limits.max_num_seqs)} of its "
+                       f"{limits.max_num_seqs} sequence slots)", param="n")
+
+
+def check_chars(chars: int, param: str, server: ServerLimits) -> None:
+    if chars > server.max_prompt_chars:
+        raise APIError(400, f"{param}: the prompt text has {chars} characters; this server takes at "
+                       f"most {server.max_prompt_chars}", param=param, code="context_length_exceeded")
+
+
+def _encode(tokenizer: Tokenizer, text: str, param: str, parse_special: bool) -> list[int]:
     try:
-        return tokenizer.encode(text)
+        return tokenizer.encode(text, parse_special=parse_special)
     except Exception as e:  # e.g. a lone surrogate (valid JSON, not valid Unicode text)
         raise APIError(400, f"{param}: the text cannot be tokenized: {e}", param=param) from e
 
@@ -99,10 +131,21 @@ def _job(req: SamplingFields, ids: list[int], prompt_param: str, max_tokens: int
             repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty, seed=req.seed, max_tokens=max_tokens,
             stop=req.stop, stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
-            logprobs=logprobs)
+            logprobs=logprobs, **lossy_fields(req))
     except ValueError as e:
         raise from_value_error(e) from e
     return Job(ids, params, speculation_override(req, limits))
+
+
+LOSSY_FIELDS = ("tv_entropy_top_k", "fly_window", "fly_entropy_threshold", "fly_top_k")
+
+
+def lossy_fields(req: SamplingFields) -> dict:
+    """The lossy verifiers' settings a `speculative` object gives, as SamplingParams fields."""
+    spec = req.speculative
+    if spec is None or isinstance(spec, bool) or not spec.enabled:
+        return {}
+    return {name: getattr(spec, name) for name in LOSSY_FIELDS if getattr(spec, name) is not None}
 
 
 def speculation_override(req: SamplingFields, limits: ModelLimits) -> SpeculationOverride | None:

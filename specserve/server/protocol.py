@@ -6,7 +6,9 @@ plus vLLM's sampling extras (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos
 
 - `speculative`: per-request speculation. `false` turns it off for this request; an object
   `{"enabled": bool, "num_speculative_tokens": k, "tv_budget": D}` sets a fixed draft length
-  (`-1` lets the cost-aware policy choose) and the mentored-decoding budget.
+  (`-1` lets the cost-aware policy choose) and the mentored-decoding budget; it may also ask
+  for the entropy-aware budget (`tv_entropy_top_k`) or FLy (`fly_window`,
+  `fly_entropy_threshold`, `fly_top_k`), the `SamplingParams` fields of those names.
 - `return_token_origins`: `true` adds `origins` (one of plain / accepted / recovered / bonus
   per token) to every choice and stream delta.
 
@@ -21,7 +23,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specserve.sampling.params import MAX_LOGPROBS
+from specserve.sampling.params import MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from specserve.speculative.config import MAX_SPECULATIVE_TOKENS
 
 INT64 = 2**63
@@ -39,13 +41,22 @@ class SpeculativeOptions(_Body):
         None, description="a fixed draft length k for this request; -1: the cost-aware policy chooses")
     tv_budget: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
         None, description="mentored decoding: total-variation budget D in [0, 1] (0 = lossless)")
+    tv_entropy_top_k: Annotated[int, Field(ge=2)] | None = Field(
+        None, description="spend the budget where the target is unsure: D_i = D * h_k(p_i)")
+    fly_window: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="FLy verification: the later drafts that must pass (off when omitted)")
+    fly_entropy_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        None, description="FLy: the normalized top-k entropy at which a rejection may be deferred")
+    fly_top_k: Annotated[int, Field(ge=2)] | None = Field(
+        None, description="FLy: the k of its top-k entropy gate")
 
 
 class StreamOptions(_Body):
     include_usage: bool = False
 
 
-StopField = Union[str, Annotated[list[str], Field(max_length=16)], None]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+StopField = Union[StopString, Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)], None]
 Seed = Annotated[int, Field(ge=-INT64, lt=INT64)]
 
 
@@ -54,7 +65,8 @@ class SamplingFields(_Body):
 
     model: str = Field(description="the served model's name (see /v1/models)")
     n: Annotated[int, Field(ge=1, le=16)] = 1
-    stop: StopField = Field(None, description="up to 16 stop strings")
+    stop: StopField = Field(None, description=f"up to {MAX_STOP_STRINGS} stop strings of up to "
+                                               f"{MAX_STOP_CHARS} characters")
     seed: Seed | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0

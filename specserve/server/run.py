@@ -2,7 +2,8 @@
 
 On SIGTERM (or Ctrl-C) it stops accepting (`/health` answers 503, new requests get 503), lets
 in-flight requests finish within `shutdown_timeout` seconds, aborts the rest (their streams end
-with finish_reason "abort") through the `EngineClient`, and returns, for an exit 0.
+with finish_reason "abort") through the `EngineClient`, and returns, for an exit 0; a second
+SIGTERM aborts them at once.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ log = logging.getLogger("specserve.server")
 
 
 async def run_app(app, state: ServerState, args: ServerConfig) -> None:
-    """Serve `app` with uvicorn until SIGTERM or Ctrl-C, then drain (see the module docstring)."""
-    import uvicorn
+    """Serve `app` with uvicorn (bounded by `state.bounds`, see `server/http.py`) until SIGTERM
+    or Ctrl-C, then drain (see the module docstring)."""
+    from specserve.server import http
 
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            access_log=args.access_log, lifespan="off",
-                            timeout_graceful_shutdown=args.shutdown_timeout + 5)
-    server = uvicorn.Server(config)
+    http.warn_if_exposed(args.host, args.api_key, state.bounds)
+    server = http.server(app, args.host, args.port, state.bounds, args.log_level,
+                         args.access_log, args.shutdown_timeout + 5)
     drain = asyncio.create_task(_drain_on_exit(server, state, args))
     # uvicorn restores the handlers it found and then re-raises the signal it caught: let that
     # land on a handler that does nothing, so a SIGTERM ends in a clean exit 0
@@ -32,6 +33,8 @@ async def run_app(app, state: ServerState, args: ServerConfig) -> None:
         signal.signal(sig, lambda *_: None)
     try:
         await server.serve()
+        if server.force_exit:  # a second signal: abort everything now
+            await asyncio.to_thread(state.engine.shutdown, 0)
         await drain
     finally:
         drain.cancel()

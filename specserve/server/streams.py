@@ -1,5 +1,6 @@
-"""Driving engine streams from request handlers: one stream per prompt, merged; a request whose
-client goes away is aborted (its memory freed) instead of running on."""
+"""Driving engine streams from request handlers: one stream per prompt, merged (at most a few
+prompts in the engine at once); a request whose client goes away, or whose deadline passes,
+is aborted (its memory freed) instead of running on."""
 
 from __future__ import annotations
 
@@ -33,19 +34,23 @@ async def engine_stream(engine: EngineClient, job: Job, request_id: str) -> Asyn
         await stream.aclose()
 
 
-async def merged(engine: EngineClient, jobs: list[Job], request_id: str) -> AsyncIterator[tuple[int, RequestDelta]]:
-    """`(job index, delta)` from all jobs' streams as they come (one job: no tasks needed)."""
+async def merged(engine: EngineClient, jobs: list[Job], request_id: str,
+                 concurrency: int | None = None) -> AsyncIterator[tuple[int, RequestDelta]]:
+    """`(job index, delta)` from all jobs' streams as they come (one job: no tasks needed),
+    with at most `concurrency` jobs in the engine at once (None: all)."""
     if len(jobs) == 1:
         async for delta in engine_stream(engine, jobs[0], request_id):
             yield 0, delta
         return
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
+    turns = asyncio.Semaphore(concurrency or len(jobs))
 
     async def pump(i: int, job: Job) -> None:
         try:
-            async for delta in engine_stream(engine, job, f"{request_id}-{i}"):
-                await queue.put((i, delta))
+            async with turns:
+                async for delta in engine_stream(engine, job, f"{request_id}-{i}"):
+                    await queue.put((i, delta))
         except Exception as e:  # handed to the consumer, which raises it
             await queue.put((i, e))
         finally:
@@ -66,6 +71,24 @@ async def merged(engine: EngineClient, jobs: list[Job], request_id: str) -> Asyn
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def until(deadline: float | None, items: AsyncIterator[T]) -> AsyncIterator[T]:
+    """`items` until the event loop's clock passes `deadline` (None: no deadline), then
+    TimeoutError; `items` is closed either way (which aborts its engine requests)."""
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise TimeoutError
+            try:
+                item = await asyncio.wait_for(anext(items), left)
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        await items.aclose()
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> tuple[bool, T | None]:

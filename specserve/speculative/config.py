@@ -6,6 +6,15 @@ or `True`), the bool must be a bool (not `"no"`), `tv_budget` a number in [0, 1]
 cross-field rules (`prompt_lookup_min <= prompt_lookup_max`, a draft model for
 `draft_model`) are checked here too, so a config that constructs never fails later.
 
+Methods: `hybrid` (the default pair's: suffix drafting and, when `model` names one, a draft
+model, chosen per sequence and round by the speculation controller), `suffix` (suffix
+drafting over the request and earlier requests' outputs), `draft_model`, `ngram` (prompt
+lookup over the request). `suffix_cache_tokens` bounds the earlier outputs the suffix source
+keeps (0: this request only). `draft_vocab_size`: the draft model's head scores only the
+lowest this many token ids and the added (special) tokens, a cheaper draft step (see
+`draft_head.py`; None: the whole vocabulary). `max_k` None: 16 for the lookup-led methods (a long match drafts
+long), 8 for `draft_model`.
+
 `prefill_window`: when a sequence's draft model starts (deferred until its policy first
 wants to draft: see `draft_model`), it is fed at most the newest `prefill_window` tokens of
 the context (None: all of them), which bounds what starting the drafter costs.
@@ -24,27 +33,33 @@ from specserve.options import option
 from specserve.weights.loader import DTYPES
 from specserve.sampling.params import require_bool, require_int, require_real
 from specserve.speculative.draft_model import DEFAULT_PREFILL_WINDOW
+from specserve.speculative.suffix import DEFAULT_CACHE_TOKENS
 
-METHODS = ("draft_model", "ngram")
+DEFAULT_DRAFT_VOCAB = 65536  # the draft head's kept ids (see `draft_head.py`)
+
+METHODS = ("hybrid", "suffix", "draft_model", "ngram")
 POLICIES = ("fixed", "acceptance_rate", "accepted_length", "heuristic", "cost_aware")
 MAX_SPECULATIVE_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
-    """`num_speculative_tokens=-1` lets the cost-aware policy choose k per round (0..max_k)."""
+    """`num_speculative_tokens=-1` (the default) lets the controller choose the source and k
+    per round (0..max_k); a k ≥ 0 fixes it."""
 
-    method: str = option("draft_model", "the drafting method", choices=METHODS,
+    method: str = option("hybrid", "the drafting method", choices=METHODS,
                          flag="--speculative-method")
     model: str | None = option(None, "the draft model: alias, GGUF file or HF directory "
                                "(implies method draft_model)", flag="--draft-model")
-    num_speculative_tokens: int = option(4, "k, the tokens drafted per round; -1 lets the "
-                                         "cost-aware policy choose", short="-k")
+    num_speculative_tokens: int = option(-1, "k, the tokens drafted per round; -1 lets the "
+                                         "controller choose the source and k per round",
+                                         short="-k")
     tv_budget: float = option(0.0, "mentored decoding budget D in [0, 1] (0: lossless)")
     bonus_token: bool = option(True, "sample the bonus token when every draft is accepted")
     draft_policy: str | None = option(None, "how k is chosen per round (default: fixed, or "
                                       "cost_aware when k is -1)", choices=POLICIES)
-    max_k: int = option(8, "upper bound on k for the adaptive policies")
+    max_k: int | None = option(None, "upper bound on k for the adaptive policies (default: "
+                               "16 for the lookup-led methods, 8 for draft_model)")
     prompt_lookup_max: int = option(4, "ngram: the longest suffix looked up in the context")
     prompt_lookup_min: int = option(1, "ngram: the shortest suffix looked up in the context")
     disable_by_batch_size: int | None = option(
@@ -53,6 +68,12 @@ class SpeculativeConfig:
                                      choices=DTYPES)
     prefill_window: int | None = option(
         DEFAULT_PREFILL_WINDOW, "newest context tokens a starting draft is fed")
+    suffix_cache_tokens: int = option(
+        DEFAULT_CACHE_TOKENS, "tokens of earlier outputs kept for suffix drafting (0: this "
+        "request only)")
+    draft_vocab_size: int | None = option(
+        DEFAULT_DRAFT_VOCAB, "the draft head scores only the lowest this many token ids and "
+        "the added tokens (None: the whole vocabulary)")
 
     def __post_init__(self) -> None:
         self._check_method()
@@ -65,8 +86,15 @@ class SpeculativeConfig:
         self._set("tv_budget", budget)
         require_bool("bonus_token", self.bonus_token)
         _check_choice("draft_policy", self.draft_policy, POLICIES)
-        self._set("max_k", require_int("max_k", self.max_k, minimum=1,
+        max_k = (8 if self.method == "draft_model" else MAX_SPECULATIVE_TOKENS) \
+            if self.max_k is None else self.max_k
+        self._set("max_k", require_int("max_k", max_k, minimum=1,
                                        maximum=MAX_SPECULATIVE_TOKENS))
+        self._set("suffix_cache_tokens", require_int("suffix_cache_tokens",
+                                                     self.suffix_cache_tokens, minimum=0))
+        if self.draft_vocab_size is not None:
+            self._set("draft_vocab_size", require_int("draft_vocab_size", self.draft_vocab_size,
+                                                      minimum=1))
         self._check_lookup()
         if self.disable_by_batch_size is not None:
             self._set("disable_by_batch_size",
@@ -100,6 +128,10 @@ class SpeculativeConfig:
             raise ValueError(f"prompt_lookup_min ({low}) must be <= prompt_lookup_max ({high})")
         self._set("prompt_lookup_max", high)
         self._set("prompt_lookup_min", low)
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method == "draft_model" or (self.method == "hybrid" and self.model is not None)
 
     @property
     def policy_name(self) -> str:

@@ -4,7 +4,7 @@
 
 over k = 0..max_k, with α_j = P(draft j accepted | drafts < j accepted) estimated from the
 request's recent rounds and the times from the engine's shared cost model
-(`engine/cost_model.py`, read through the `StepCost` protocol). In a batched step T(k) is the
+(`speculative/cost_model.py`, read through the `StepCost` protocol). In a batched step T(k) is the
 whole step's time at its batch size (`step_time`: a verify row is cheap while the pass is
 memory-bound, a decode row's worth once it is compute-bound). E(0) = 1 and T(0) is
 plain decoding, so on hostile text the policy stops drafting; while it is off it probes with
@@ -29,6 +29,7 @@ from collections import Counter, deque
 from typing import Protocol
 
 DEFAULT_MAX_K = 8  # the bound of the adaptive policies
+DEFAULT_MARGIN = 0.08  # how much drafting must beat plain decoding by (estimated tokens/s)
 
 
 class StepCost(Protocol):
@@ -76,7 +77,7 @@ class CostAwarePolicy:
         probe_k: int = 1,
         prior_mean: float = 0.7,
         prior_strength: float = 2.0,
-        margin: float = 0.08,
+        margin: float = DEFAULT_MARGIN,
     ) -> None:
         for name, value in (("max_k", max_k), ("window", window), ("probe_every", probe_every),
                             ("probe_k", probe_k)):  # fmt: skip
@@ -143,6 +144,11 @@ class CostAwarePolicy:
             expected += reach
         saved = self.cost.step_time(0) - self.cost.step_time(k) / expected  # per token
         return tokens_left * saved > (1.0 + self.margin) * startup_s
+
+    @property
+    def probing(self) -> bool:
+        """The last `choose_k` was a probe (taken whatever the estimate says)."""
+        return self._probing
 
     def choose_k(self, max_k: int) -> int:
         if max_k <= 0:

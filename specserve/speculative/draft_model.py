@@ -1,7 +1,8 @@
 """Drafting with a smaller model that shares the target's tokenizer.
 
-The draft model keeps its own paged KV cache (its own blocks per sequence, through a
-`PagedRunner`: the engine's model runner is one). Before proposing it catches up on the
+The draft model keeps its own paged KV cache: the drafter owns the draft's block manager
+(its blocks per sequence) and runs passes through a `PassRunner` (the engine's model runner
+is one) over the blocks it gives it. Before proposing it catches up on the
 tokens it has not seen (the last accepted tokens and the recovered/bonus token), then samples
 k tokens one step at a time from the *processed* distribution (the same `processed_probs` the
 verifier uses). After verification it forgets what was rejected:
@@ -57,10 +58,17 @@ DEFAULT_MAX_PREFILL_TOKENS = 256  # draft prefill positions per call
 DEFAULT_PREFILL_WINDOW = 1024  # newest tokens a starting draft is fed; older ones are skipped
 
 
-class PagedRunner(Protocol):
-    """A model with a paged KV cache and a block manager (the engine's `ModelRunner`)."""
+class PassRunner(Protocol):
+    """A model and its KV pools: runs passes over the blocks it is given (`ModelRunner`)."""
 
     model: object  # has `cfg.vocab_size`
+
+    def forward(self, rows: list[list[int]], starts: list[int], tables: list,
+                last_n: list[int] | None = None) -> list[torch.Tensor]: ...
+
+
+class DraftBlocks(Protocol):
+    """The draft cache's block manager (the engine's `BlockManager`), owned by the drafter."""
 
     def new_table(self) -> object: ...
 
@@ -71,9 +79,6 @@ class PagedRunner(Protocol):
     def match_prefix(self, table, tokens: list[int], max_tokens: int) -> int: ...
 
     def register(self, table, tokens: list[int], num_committed: int) -> None: ...
-
-    def forward(self, rows: list[list[int]], starts: list[int], tables: list,
-                last_n: list[int] | None = None) -> list[torch.Tensor]: ...
 
 
 class _DraftSeq:
@@ -98,7 +103,7 @@ class _DraftSeq:
 
 
 class DraftModelDrafter:
-    def __init__(self, runner: PagedRunner, target_vocab: int,
+    def __init__(self, runner: PassRunner, blocks: DraftBlocks, target_vocab: int,
                  max_catchup: int | None = DEFAULT_MAX_CATCHUP,
                  max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
                  prefill_window: int | None = DEFAULT_PREFILL_WINDOW) -> None:
@@ -109,7 +114,7 @@ class DraftModelDrafter:
         if prefill_window is not None and prefill_window < 1:
             raise ValueError(f"prefill_window must be >= 1 or None (whole context), got "
                              f"{prefill_window}")
-        self.runner = runner
+        self.runner, self.blocks = runner, blocks
         self.target_vocab = target_vocab
         self.max_catchup = max_catchup
         self.max_prefill_tokens = max_prefill_tokens
@@ -141,8 +146,8 @@ class DraftModelDrafter:
         state = self._seqs[seq.seq_id]
         assert not state.started, "activate called twice for one sequence"
         tokens = seq.token_ids
-        state.started, state.table = True, self.runner.new_table()
-        state.seen = self.runner.match_prefix(state.table, tokens, len(tokens) - 1)
+        state.started, state.table = True, self.blocks.new_table()
+        state.seen = self.blocks.match_prefix(state.table, tokens, len(tokens) - 1)
         self.prefix_hit_tokens += state.seen
         self.num_started += 1
         if self.prefill_window is not None:
@@ -160,7 +165,7 @@ class DraftModelDrafter:
     def finish(self, seq: DraftSequence) -> None:
         state = self._seqs.pop(seq.seq_id, None)
         if state is not None and state.table is not None:
-            self.runner.free(state.table)
+            self.blocks.free(state.table)
 
     def ready(self, seq: DraftSequence) -> bool:
         """Whether the sequence can draft this round (started, its draft prefill done)."""
@@ -191,7 +196,7 @@ class DraftModelDrafter:
                 assert self.ready(seq), "propose asked a sequence whose draft is not ready"
                 row = self._catch_up(seq, state)
                 # every position this round writes: catch-up, then k - 1 fed drafts
-                if self.runner.reserve(state.table, state.num_cached + len(row) + k - 1):
+                if self.blocks.reserve(state.table, state.num_cached + len(row) + k - 1):
                     active.append((seq, k, state, row))
         fed_fresh = sum(len(row) for _, _, st, row in active if st.fresh)
         chunks = self._prefill_chunks({id(st) for _, _, st, _ in active},
@@ -240,7 +245,7 @@ class DraftModelDrafter:
             if n <= 0:
                 st.fresh = False  # only the last token is left: the first catch-up feeds it
                 continue
-            while n > 0 and not self.runner.reserve(st.table, st.num_cached + n):
+            while n > 0 and not self.blocks.reserve(st.table, st.num_cached + n):
                 n //= 2  # the cache is nearly full: a smaller chunk, or none this time
             if n > 0:
                 chunks.append((seq, st, seq.token_ids[st.seen:st.seen + n]))
@@ -254,7 +259,7 @@ class DraftModelDrafter:
 
     def _register(self, seq: DraftSequence, st: _DraftSeq) -> None:
         if st.skipped == 0:  # positions are token positions: full blocks can be shared
-            self.runner.register(st.table, seq.token_ids, min(st.seen, len(seq.token_ids)))
+            self.blocks.register(st.table, seq.token_ids, min(st.seen, len(seq.token_ids)))
 
     def _catch_up(self, seq: DraftSequence, st: _DraftSeq) -> list[int]:
         """The unseen tokens to feed; older ones beyond `max_catchup` are marked skipped (a

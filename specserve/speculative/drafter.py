@@ -1,20 +1,28 @@
-"""The drafter protocol every speculative method implements: propose → verify → commit.
+"""The drafter protocols: propose → verify → commit.
 
-A drafter proposes up to k tokens per sequence, with the *processed* distribution it sampled
-them from (`draft_probs`, rows `[k, vocab]`) or `None` for deterministic drafters (n-gram
-lookup, greedy drafts), which the verifier treats as one-hot. After the target's verify pass
-the engine tells the drafter how many proposed tokens were accepted, so it can roll its own
-state (e.g. a draft model's KV cache length) back by arithmetic.
+Two kinds of source serve the speculation controller (`controller.py`):
+- a *lookup* (`LookupSource`: suffix drafting, prompt lookup) searches text it already has;
+  it offers a candidate continuation before the step (`candidate`, with a confidence per
+  position), costs nothing to run, and proposes deterministically;
+- a *model* drafter (`Drafter`: the draft model) proposes up to k tokens per sequence during
+  the step, with the *processed* distribution it sampled them from (`draft_probs`, rows
+  `[k, vocab]`), or `None` for greedy drafts.
+The verifier treats a proposal without a distribution as one-hot. After the target's verify
+pass the controller tells the drafters how many proposed tokens were accepted, so they can
+roll their own state (a draft model's KV cache length) back by arithmetic.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from specserve.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from specserve.speculative.candidate import Candidate
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +48,14 @@ class DraftSequence(Protocol):
 
     @property
     def prompt_len(self) -> int: ...
+
+
+class LookupSource(Protocol):
+    def candidate(self, seq: DraftSequence, limit: int) -> "Candidate":
+        """The continuation it would propose after `seq.token_ids` (at most `limit` tokens)."""
+
+    def finish(self, seq: DraftSequence, keep: bool = True) -> None:
+        """The sequence left (`keep`: it completed, and its output may be learned from)."""
 
 
 class Drafter(Protocol):

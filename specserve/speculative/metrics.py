@@ -27,6 +27,8 @@ class SpecMetrics:
     k_histogram: Counter = field(default_factory=Counter)
     tv_sum: float = 0.0  # realised TV(pi, p) summed over verified draft positions
     tv_steps: int = 0
+    sources: dict = field(default_factory=dict)  # source → [rounds, drafted, accepted]
+    idle: Counter = field(default_factory=Counter)  # why a round drafted nothing → rounds
 
     def record(self, k: int, accepted: int, emitted: int, tvs: list[float] = ()) -> None:
         self.rounds += 1
@@ -44,6 +46,16 @@ class SpecMetrics:
         self.tv_sum += sum(tvs)
         self.tv_steps += len(tvs)
 
+    def record_source(self, source: str | None, k: int, accepted: int, reason: str) -> None:
+        """Which source drafted the round (None: none did, for `reason`)."""
+        if source is None:
+            self.idle[reason] += 1
+            return
+        counts = self.sources.setdefault(source, [0, 0, 0])
+        counts[0] += 1
+        counts[1] += k
+        counts[2] += accepted
+
     def merge(self, other: "SpecMetrics") -> None:
         for name in ("rounds", "drafted", "accepted", "emitted", "draft_time", "verify_time",
                      "tv_sum", "tv_steps"):
@@ -54,6 +66,18 @@ class SpecMetrics:
             for i, v in enumerate(theirs):
                 mine[i] += v
         self.k_histogram.update(other.k_histogram)
+        self.idle.update(other.idle)
+        for name, counts in other.sources.items():
+            mine = self.sources.setdefault(name, [0, 0, 0])
+            for i, v in enumerate(counts):
+                mine[i] += v
+
+    @property
+    def by_source(self) -> dict:
+        """Per source: rounds it drafted, tokens drafted and accepted, acceptance rate."""
+        return {name: {"rounds": r, "drafted": d, "accepted": a,
+                       "acceptance_rate": a / d if d else None}
+                for name, (r, d, a) in sorted(self.sources.items())}
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -80,6 +104,7 @@ class SpecMetrics:
             "per_position_acceptance": self.per_position_acceptance,
             "draft_time_s": self.draft_time, "verify_time_s": self.verify_time,
             "k_histogram": dict(sorted(self.k_histogram.items())), "mean_tv": self.mean_tv,
+            "by_source": self.by_source, "idle_rounds": dict(sorted(self.idle.items())),
         }
 
     def summary(self) -> str:

@@ -1,22 +1,31 @@
-"""Load a GGUF file (`qwen2` or `llama` architecture) into Hugging Face-named tensors.
+"""Load a GGUF file (`llama`, `qwen2`, `qwen3` or `gemma3` architecture) into Hugging
+Face-named tensors.
 
 llama.cpp's converter permutes the rows of `llama` Q/K projections so that rotary pairs sit
-next to each other; we undo it so one rotate-half decoder serves both architectures. `qwen2`
-files are not permuted and carry q/k/v biases. Tensors are dequantized one at a time into the
+next to each other; we undo it so one rotate-half decoder serves every architecture. The
+others are not permuted; `qwen2` files carry q/k/v biases. Mistral-style files are `llama`
+files. `gemma3` files store their norms as 1 + w already, and leave what llama.cpp fixes in
+code out of the metadata (the sliding layers' rope base 10000, every 6th layer global, the
+query scale), which `_gemma3` restores the same way. A tensor the decoder does not implement
+is refused by name, never left out; Llama 3.x's `rope_freqs` (its "llama3" rope scaling) is
+read as the rotary embedding's per-pair factors. Tensors are dequantized one at a time into the
 target dtype straight from the file's memory map (`gguf_file.GGUFFile`), so peak memory stays
 near the final model size.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
 from gguf import GGML_QUANT_SIZES
 
-from specserve.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from specserve.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, arch_traits
 from specserve.weights.dequant import dequantize
 from specserve.weights.gguf_file import GGUFFile, GGUFTensor
+from specserve.weights.hf_loader import check_tensor_names
+from specserve.weights.rope_config import gguf_rope
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -28,12 +37,19 @@ _LAYER_NAMES = {
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.weight": "self_attn.o_proj.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# gemma3's sandwich norms: its ffn_norm is the MLP's input norm, as in llama, under another name
+_GEMMA3_NAMES = {"post_attention_norm.weight": "post_attention_layernorm.weight",
+                 "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
-                 "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+                 "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight",
+                 "rope_freqs.weight": "rope_freqs.weight"}
 
 
 def open_gguf(path: Path) -> GGUFFile:
@@ -63,32 +79,67 @@ def config_from_metadata(meta: dict, tensor_names: set[str], path: Path) -> Mode
 
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
-    rope_scaling = meta.get(f"{arch}.rope.scaling.type")
-    if rope_scaling not in (None, "none"):
-        raise ValueError(f"{path}: rope scaling {rope_scaling!r} is not supported")
-    return ModelConfig(
-        architecture=arch,
-        vocab_size=int(meta.get(f"{arch}.vocab_size", len(meta["tokenizer.ggml.tokens"]))),
-        hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
-        num_heads=heads,
-        num_kv_heads=int(key("attention.head_count_kv", heads)),
-        head_dim=head_dim,
-        rope_theta=float(key("rope.freq_base", 10000.0)),
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-        max_position=int(key("context_length", 4096)),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        attention_bias=arch == "qwen2",
-    )
+    layers = int(key("block_count"))
+    rope = gguf_rope(meta, arch, head_dim, path)
+    if meta.get(f"{arch}.attn_logit_softcapping") is not None:
+        raise ValueError(f"{path}: attention logit soft-capping is not supported")
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if window is not None and arch != "gemma3":
+        raise ValueError(f"{path}: sliding-window attention in a {arch} GGUF file is not "
+                         f"supported")
+    try:
+        return ModelConfig(
+            architecture=arch,
+            vocab_size=int(meta.get(f"{arch}.vocab_size", len(meta["tokenizer.ggml.tokens"]))),
+            hidden_size=hidden,
+            intermediate_size=int(key("feed_forward_length")),
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=int(key("attention.head_count_kv", heads)),
+            head_dim=head_dim,
+            rope_theta=rope.theta,
+            rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+            max_position=int(key("context_length", 4096)),
+            tie_word_embeddings="output.weight" not in tensor_names,
+            attention_bias=arch == "qwen2",
+            rope_scaling=rope.scaling,
+            **arch_traits(arch, hidden),
+            **(_gemma3(meta, layers, hidden, heads, head_dim, rope.local_theta, path)
+               if arch == "gemma3" else {}),
+        )
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
-def hf_name(gguf_name: str) -> str | None:
+def _gemma3(meta: dict, layers: int, hidden: int, heads: int, head_dim: int,
+            local_theta: float, path: Path) -> dict:
+    """What llama.cpp's `gemma3` loader derives: every 6th layer global (or the file's
+    `sliding_window_pattern`), query scale 1/sqrt(head_dim) (1/sqrt(hidden / heads) for the
+    62-layer 27B model, whose query_pre_attn_scalar is that)."""
+    pattern = meta.get("gemma3.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+        raise ValueError(f"{path}: gemma3.attention.sliding_window_pattern {pattern!r} is not "
+                         f"supported (a positive integer expected)")
+    window = meta.get("gemma3.attention.sliding_window")
+    if window is None:
+        raise ValueError(f"{path}: GGUF metadata lacks gemma3.attention.sliding_window")
+    cap = meta.get("gemma3.final_logit_softcapping")
+    return {"sliding_window": int(window),
+            "sliding_layers": tuple(i for i in range(layers) if (i + 1) % pattern),
+            "rope_local_theta": local_theta,
+            "attn_scale": 1 / math.sqrt(hidden / heads if layers == 62 else head_dim),
+            "final_logit_softcap": None if cap is None else float(cap)}
+
+
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
+        name = (_GEMMA3_NAMES.get(parts[2]) if arch == "gemma3" else None) \
+            or _LAYER_NAMES.get(parts[2])
+        if name is not None:
+            return f"model.layers.{parts[1]}.{name}"
     return None
 
 
@@ -106,23 +157,37 @@ def config_from_gguf(gguf_file: GGUFFile, meta: dict) -> ModelConfig:
 
 
 def tensor_index(gguf_file: GGUFFile) -> dict[str, GGUFTensor]:
-    """The file's tensors this decoder uses, by Hugging Face name (e.g. rope_freqs is left out)."""
-    return {name: t for t in gguf_file.tensors if (name := hf_name(t.name)) is not None}
+    """The file's tensors by Hugging Face name; one the decoder does not implement raises
+    ValueError naming it (it is never left out)."""
+    arch = gguf_file.metadata.get("general.architecture")
+    index, unknown = {}, []
+    for t in gguf_file.tensors:
+        name = hf_name(t.name, arch)
+        if name is None:
+            unknown.append(t.name)
+        else:
+            index[name] = t
+    if unknown:
+        raise ValueError(f"{gguf_file.path}: tensors {unknown[:5]} are not implemented by the "
+                         f"{arch} decoder")
+    return index
 
 
 def read_tensor(gguf_file: GGUFFile, cfg: ModelConfig, tensor: GGUFTensor,
                 dtype: torch.dtype) -> torch.Tensor:
     """One tensor dequantized from the file's memory map into `dtype` (llama's Q/K rows
-    unpermuted)."""
+    unpermuted; `rope_freqs` in float32)."""
     try:
         w = dequantize(gguf_file.raw(tensor), tensor.qtype, tensor.shape, name=tensor.name)
     except ValueError as e:  # e.g. a quantization type the decoder does not support
         raise ValueError(f"{gguf_file.path}: {e}") from e
-    name = hf_name(tensor.name) or ""
+    name = hf_name(tensor.name, cfg.architecture) or ""
     if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
         w = unpermute(w, cfg.num_heads)
     elif cfg.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
         w = unpermute(w, cfg.num_kv_heads)
+    if name == "rope_freqs.weight":  # frequency factors stay float32 whatever the weights' dtype
+        return w.float()
     return w.to(dtype)
 
 
@@ -141,9 +206,7 @@ def is_quantized(source_bits: dict[str, float]) -> bool:
 
 
 def _check_complete(cfg: ModelConfig, weights: dict, path: Path) -> None:
-    needed = ["model.embed_tokens.weight", "model.norm.weight"] + [
-        f"model.layers.{i}.{n}" for i in range(cfg.num_layers)
-        for n in _LAYER_NAMES.values() if cfg.attention_bias or not n.endswith("bias")]
-    missing = [n for n in needed if n not in weights]
-    if missing:
-        raise ValueError(f"{path}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    check_tensor_names(cfg, set(weights) - {"rope_freqs.weight"}, path)
+    if "rope_freqs.weight" in weights and cfg.architecture != "llama":
+        raise ValueError(f"{path}: a rope_freqs tensor in a {cfg.architecture} file is not "
+                         f"supported")

@@ -1,17 +1,29 @@
 """Load a Hugging Face model directory (`config.json`, `*.safetensors`) of `LlamaForCausalLM`
-or `Qwen2ForCausalLM`."""
+(and `MistralForCausalLM`, the same decoder), `Qwen2ForCausalLM`, `Qwen3ForCausalLM` or
+`Gemma3ForCausalLM`.
+
+Gemma 3 norms scale by (1 + w); their weights are stored as 1 + w here (computed in float32),
+as llama.cpp's converter stores them in GGUF files, so one RMSNorm serves every architecture.
+A tensor the decoder does not read, or one it needs that is missing, is refused by name.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
-from specserve.models.config import ModelConfig
+from specserve.models.config import ModelConfig, arch_traits
+from specserve.models.layer import layer_tensor_names
+from specserve.weights.rope_config import hf_rope
 
-_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+_ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
+                  "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                  "Gemma3ForCausalLM": "gemma3"}
+_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def read_config(path: Path) -> tuple[ModelConfig, dict]:
@@ -27,37 +39,94 @@ def read_config(path: Path) -> tuple[ModelConfig, dict]:
     if arch is None:
         raise ValueError(f"{file}: architectures {archs!r} not supported; "
                          f"supported: {', '.join(_ARCHITECTURES)}")
-    scaling = raw.get("rope_scaling") or (_optional_dict(file, raw, "rope_parameters")).get("rope_type")
-    if isinstance(scaling, dict):
-        scaling = scaling.get("rope_type", scaling.get("type"))
-    if scaling not in (None, "default"):
-        raise ValueError(f"{file}: rope scaling {scaling!r} is not supported")
-    rope_theta = raw.get("rope_theta", _optional_dict(file, raw, "rope_parameters").get("rope_theta", 10000.0))
+    rope = hf_rope(file, raw)
     field = _FieldReader(file, raw)
     heads = field.int("num_attention_heads")
     hidden = field.int("hidden_size")
     if "head_dim" not in raw and hidden % heads:
         raise ValueError(f"{file}: hidden_size ({hidden}) must be a multiple of "
                          f"num_attention_heads ({heads}) when head_dim is not given")
+    layers = field.int("num_hidden_layers")
+    traits = arch_traits(arch, hidden) | _window(field, arch, layers) | (
+        _gemma3(field, rope.local_theta) if arch == "gemma3" else {})
+    fields = dict(
+        architecture=arch,
+        vocab_size=field.int("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=field.int("intermediate_size"),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=field.int("num_key_value_heads", heads),
+        head_dim=field.int("head_dim", hidden // heads),
+        rope_theta=field.number("rope_theta", rope.theta),
+        rms_norm_eps=field.number("rms_norm_eps"),
+        max_position=field.int("max_position_embeddings", 4096),
+        tie_word_embeddings=field.bool("tie_word_embeddings", arch == "gemma3"),
+        attention_bias=arch == "qwen2" or field.bool("attention_bias", False),
+        rope_scaling=rope.scaling,
+    )
     try:
-        cfg = ModelConfig(
-            architecture=arch,
-            vocab_size=field.int("vocab_size"),
-            hidden_size=hidden,
-            intermediate_size=field.int("intermediate_size"),
-            num_layers=field.int("num_hidden_layers"),
-            num_heads=heads,
-            num_kv_heads=field.int("num_key_value_heads", heads),
-            head_dim=field.int("head_dim", hidden // heads),
-            rope_theta=field.number("rope_theta", rope_theta),
-            rms_norm_eps=field.number("rms_norm_eps"),
-            max_position=field.int("max_position_embeddings", 4096),
-            tie_word_embeddings=field.bool("tie_word_embeddings", False),
-            attention_bias=arch == "qwen2" or field.bool("attention_bias", False),
-        )
+        cfg = ModelConfig(**fields, **traits)
     except ValueError as e:  # cross-field rules (e.g. kv heads dividing heads)
         raise ValueError(f"{file}: {e}") from None
     return cfg, raw
+
+
+def _window(field: "_FieldReader", arch: str, layers: int) -> dict:
+    """`sliding_window` and `sliding_layers`: from `layer_types` where the file has it, else by
+    the architecture's own rule (Mistral: every layer when `sliding_window` is set; Qwen:
+    layers from `max_window_layers` on when `use_sliding_window`; Gemma 3: all but every
+    `sliding_window_pattern`-th)."""
+    types = field.raw.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers \
+                or any(t not in _LAYER_TYPES for t in types):
+            raise ValueError(f"{field.file}: field 'layer_types' must list {layers} of "
+                             f"{', '.join(_LAYER_TYPES)}, got {types!r}")
+        sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    elif arch == "gemma3":
+        pattern = field.int("sliding_window_pattern", 6)
+        sliding = tuple(i for i in range(layers) if (i + 1) % pattern)
+    elif arch in ("qwen2", "qwen3"):
+        sliding = tuple(range(field.int("max_window_layers", layers), layers)) \
+            if field.bool("use_sliding_window", False) else ()
+    else:
+        sliding = tuple(range(layers)) if field.raw.get("sliding_window") is not None else ()
+    if not sliding:
+        return {}
+    return {"sliding_window": field.int("sliding_window"), "sliding_layers": sliding}
+
+
+def _gemma3(field: "_FieldReader", local_theta: float | None) -> dict:
+    if field.raw.get("attn_logit_softcapping") is not None:
+        raise ValueError(f"{field.file}: attention logit soft-capping is not supported")
+    if field.bool("use_bidirectional_attention", False):
+        raise ValueError(f"{field.file}: bidirectional attention is not supported")
+    act = field.raw.get("hidden_activation", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"{field.file}: field 'hidden_activation' {act!r} is not supported; "
+                         f"supported: gelu_pytorch_tanh")
+    cap = field.raw.get("final_logit_softcapping")
+    return {"attn_scale": 1 / math.sqrt(field.number("query_pre_attn_scalar")),
+            "rope_local_theta": field.number("rope_local_base_freq", local_theta or 10000.0),
+            "final_logit_softcap": None if cap is None
+            else field.number("final_logit_softcapping")}
+
+
+def check_tensor_names(cfg: ModelConfig, names: set[str], where: Path) -> None:
+    """Refuse a checkpoint that lacks a tensor `cfg` needs or holds one the decoder does not
+    read (rather than dropping it); `rotary_emb.inv_freq` buffers are derived, so allowed."""
+    needed = {"model.embed_tokens.weight", "model.norm.weight"} | {
+        f"model.layers.{i}.{n}" for i in range(cfg.num_layers) for n in layer_tensor_names(cfg)}
+    missing = sorted(needed - names)
+    if missing:
+        raise ValueError(f"{where}: missing tensors {missing[:5]}"
+                         f"{' ...' if len(missing) > 5 else ''}")
+    unknown = sorted(n for n in names - needed - {"lm_head.weight"}
+                     if not n.endswith("rotary_emb.inv_freq"))
+    if unknown:
+        raise ValueError(f"{where}: tensors {unknown[:5]} are not implemented by the "
+                         f"{cfg.architecture} decoder")
 
 
 def _read_json(file: Path) -> dict:
@@ -128,7 +197,15 @@ def load_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict, dict
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    weights[name] = f.get_tensor(name).to(dtype)
+                    weights[name] = _read(f, name, cfg, dtype)
         except SafetensorError as e:
             raise ValueError(f"{file}: corrupt or unreadable safetensors file ({e})") from None
+    check_tensor_names(cfg, set(weights), path)
     return cfg, raw, weights
+
+
+def _read(f, name: str, cfg: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
+    t = f.get_tensor(name)
+    if cfg.architecture == "gemma3" and name.endswith("norm.weight"):
+        t = t.float() + 1.0  # (1 + w), as Gemma's RMSNorm computes it in float32
+    return t.to(dtype)

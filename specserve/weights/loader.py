@@ -115,7 +115,7 @@ def load_model(name: str | Path, dtype: str | torch.dtype = "auto", weights: str
         fmt = resolve_format(weights, False, native)
         torch_dtype = resolve_dtype(requested, fmt, native)
         cfg, raw, tensors = load_hf_dir(path, torch_dtype)
-        tokenizer = tok.from_hf_dir(path, _eos_ids(path, raw))
+        tokenizer = tok.from_hf_dir(path, eos_ids(path, raw))
         model = Transformer(cfg, tensors)
         del tensors
         quantize_linears(model, fmt)
@@ -152,7 +152,7 @@ def _fits_native(cfg: ModelConfig) -> bool:
     return all(super_block(w) is not None for w in widths)
 
 
-def _eos_ids(path: Path, raw: dict) -> list[int]:
+def eos_ids(path: Path, raw: dict) -> list[int]:
     ids = []
     gen = path / "generation_config.json"
     for source in [raw, json.loads(gen.read_text()) if gen.exists() else {}]:

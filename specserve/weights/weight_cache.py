@@ -27,6 +27,8 @@ What makes a stale or damaged entry impossible to use:
   A failed check deletes the entry and the caller rebuilds it; nothing of it is used.
 - Entries are written under a temporary name in the same directory, flushed to disk, then
   renamed over the final name, so a reader sees a whole file or none.
+- An entry is read only if this user owns it and its folder and no one else can write them
+  (`paths.untrusted`); otherwise loading stops with `UntrustedEntry`, naming the file.
 
 The source's sha256 is computed once per file: the model registry's verification stamp is
 trusted while it matches ``os.stat`` of the file; other files get a stamp of the same kind
@@ -49,6 +51,7 @@ import torch
 from tqdm import tqdm
 
 from specserve.hub.registry import verified_sha256
+from specserve.paths import untrusted
 
 log = logging.getLogger(__name__)
 
@@ -202,11 +205,17 @@ def write(path: Path, key: dict, tensors: dict[str, torch.Tensor], meta: dict) -
 
 def read(path: Path, key: dict) -> CacheEntry | None:
     """The entry at `path` if it exists, was written under `key` and passes its checks; None
-    otherwise. A damaged entry is deleted (and logged)."""
+    otherwise. A damaged entry is deleted (and logged). An entry, or a cache folder, that
+    another user owns or that group or others may write is refused (`UntrustedEntry`)."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         return None
+    for checked in (path, path.parent):
+        if (problem := untrusted(checked)) is not None:
+            raise UntrustedEntry(f"weight cache {checked} is {problem}; refusing to load weights "
+                                 f"from it (remove it, or make it this user's and writable by no "
+                                 f"one else: chmod go-w)")
     try:
         entry = _read_checked(path, size, key)
     except (OSError, ValueError, KeyError, TypeError, struct.error, RuntimeError) as e:
@@ -221,6 +230,10 @@ def read(path: Path, key: dict) -> CacheEntry | None:
 
 class CorruptEntry(ValueError):
     """An entry that fails one of its checks."""
+
+
+class UntrustedEntry(PermissionError):
+    """An entry that someone other than this user could have written."""
 
 
 def _read_checked(path: Path, size: int, key: dict) -> CacheEntry | None:

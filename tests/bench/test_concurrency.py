@@ -40,8 +40,8 @@ def test_concurrency_levels_run_end_to_end(tmp_path):
     assert rc == 0
     data = json.loads((out / "concurrency.json").read_text())
     assert [(r["config"], r["concurrency"]) for r in data["summary"]] == [
-        (c, n) for n in (1, 3) for c in ("target only", "cost-aware draft",
-                                         "cost-aware draft, off at 2")]
+        (c, n) for n in (1, 3) for c in ("target only", "hybrid (default)",
+                                         "hybrid, off at 2")]
     for rec in data["records"]:
         assert rec["output_tokens"] == 5 * rec["concurrency"]
         assert rec["p50_latency_s"] <= rec["p95_latency_s"]

@@ -131,3 +131,16 @@ def test_bench_without_matplotlib_skips_plots_and_keeps_reports(tmp_path, monkey
     assert "matplotlib is not installed" in capsys.readouterr().err
     assert (out / "custom.json").exists() and (out / "custom.md").exists()
     assert not list(out.glob("*.png"))
+
+
+def test_the_sessions_load_and_repeat_what_drafting_from_earlier_outputs_needs():
+    assert workloads.sessions() == ("agent_session", "code_revision_chat")
+    agent = workloads.load_session("agent_session")
+    assert not agent.history and len(agent.turns) >= 4
+    # every agent turn is a new request carrying the same file and the same tool schema
+    assert all("class Warehouse" in turn for turn in agent.turns)
+    assert '"tool"' in agent.system
+    chat = workloads.load_session("code_revision_chat")
+    assert chat.history and len(chat.turns) >= 3 and "def parse_duration" in chat.turns[0]
+    with pytest.raises(ValueError, match="session must be one of"):
+        workloads.load_session("poetry")

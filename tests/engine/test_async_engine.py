@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from specserve.engine.async_engine import AsyncEngine, EngineClosed, EngineError
+from specserve.engine.async_engine import AsyncEngine, EngineClosed, EngineDead, EngineError
 from specserve.llm import LLM
 from specserve.weights.loader import load_model
 from specserve.sampling.params import SamplingParams
@@ -200,7 +200,7 @@ def test_a_stop_string_never_shows_in_the_stream_on_a_real_tokenizer(model):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_streams_end_with_engine_closed_if_the_engine_thread_dies(model):
+def test_a_dead_engine_thread_fails_open_and_new_requests_with_engine_dead(model):
     llm = LLM(model)
     engine = AsyncEngine.from_llm(llm)
     step = llm.engine.step
@@ -212,9 +212,54 @@ def test_streams_end_with_engine_closed_if_the_engine_thread_dies(model):
     llm.engine.step = dying_step
 
     async def main():
-        with pytest.raises(EngineClosed):
+        with pytest.raises(EngineDead, match="the engine thread died"):
             await collect(engine, "the cat", greedy(50))
+        with pytest.raises(EngineDead):  # refused at once, not queued for a thread that is gone
+            await collect(engine, "the cat", greedy(5))
 
     asyncio.run(main())
     engine._thread.join(timeout=10)  # it ended by itself
     assert not engine._thread.is_alive()
+    assert engine.dead_reason == "the engine thread died"
+    with pytest.raises(EngineDead):
+        engine.generate([([1, 2, 3], greedy(3), None)])
+    engine.shutdown(0)
+
+
+def test_a_step_beyond_the_step_timeout_fails_every_request_while_it_hangs(model):
+    llm = LLM(model)
+    engine = AsyncEngine.from_llm(llm, step_timeout=0.2)
+    step, release, hanging = llm.engine.step, threading.Event(), threading.Event()
+
+    def hanging_step():
+        if llm.engine.has_request("hang"):
+            hanging.set()
+            release.wait()
+        return step()
+
+    llm.engine.step = hanging_step
+
+    async def main():
+        other = asyncio.ensure_future(collect(engine, "in the hat", greedy(400)))
+        with pytest.raises(EngineDead, match="ran for more than 0.2 s"):
+            await collect(engine, "the cat", greedy(50), request_id="hang")
+        with pytest.raises(EngineDead):
+            await other
+        assert hanging.is_set() and not release.is_set()  # failed while the step still hung
+        with pytest.raises(EngineDead):
+            await collect(engine, "x", greedy(2))
+
+    try:
+        asyncio.run(main())
+        assert "ran for more than" in engine.dead_reason
+    finally:
+        release.set()
+        engine.shutdown(0)
+    engine._thread.join(timeout=30)
+    assert not engine._thread.is_alive() and not llm.engine.has_unfinished()
+
+
+def test_a_clean_shutdown_is_not_a_dead_engine(model):
+    engine = AsyncEngine.from_llm(LLM(model), step_timeout=30)
+    engine.shutdown(0)
+    assert engine.dead_reason is None

@@ -168,7 +168,7 @@ def test_a_shared_prefix_is_prefilled_once_and_gives_the_cold_cache_tokens(model
     assert engine.prefix_cache_hit_tokens - hits == 96  # six full blocks of 16
     assert engine.prompt_tokens_computed - computed == len(second) - 96
     if spec_name == "draft":
-        assert engine.drafter.prefix_hit_tokens >= 96
+        assert engine.spec.model.prefix_hit_tokens >= 96
     assert warm == alone(models, spec_name, second, greedy(12))
 
 
@@ -183,7 +183,7 @@ def test_with_prefix_caching_off_a_repeated_prompt_is_prefilled_again(models, sp
     assert engine.prefix_cache_hit_tokens == 0
     assert engine.prompt_tokens_computed - computed == len(prompt)
     if spec_name == "draft":
-        assert engine.drafter.prefix_hit_tokens == 0
+        assert engine.spec.model.prefix_hit_tokens == 0
     assert again == first
 
 
@@ -193,13 +193,13 @@ def test_disable_by_batch_size_pauses_drafting_at_that_many_running_and_resumes_
     llm = LLM(target, draft=draft, speculative_config=spec, max_model_len=256)
     engine = llm.engine
     log = []  # (running sequences, some drafted) per step
-    propose = engine.drafter.propose
+    propose = engine.spec.model.propose
 
     def recording(seqs, ks):
         log[-1][1] |= any(ks)
         return propose(seqs, ks)
 
-    engine.drafter.propose = recording
+    engine.spec.model.propose = recording
 
     def step():
         log.append([len([s for s in engine.scheduler.running if not s.prefilling]), False])

@@ -97,7 +97,7 @@ def test_cost_model_skips_draft_timings_of_rounds_that_resume_after_idle_rounds(
     from collections import Counter
 
     P, Q = toy.random_table(5, seed=1), toy.random_table(5, seed=2)
-    from specserve.engine.cost_model import CostModel
+    from specserve.speculative.cost_model import CostModel
 
     engine = toy.toy_engine(P, Q, k=2)
     draft_samples, verify_samples = [], []
@@ -109,7 +109,7 @@ def test_cost_model_skips_draft_timings_of_rounds_that_resume_after_idle_rounds(
         def observe_verify(self, k, seconds):
             verify_samples.append((k, seconds))
 
-    engine.cost = Recording()
+    engine.spec.cost = Recording()
 
     class Script:  # 0, 0, 2, 2, 0, 2, 2, ...
         histogram = Counter()
@@ -127,7 +127,7 @@ def test_cost_model_skips_draft_timings_of_rounds_that_resume_after_idle_rounds(
             return True
 
     engine.add_request([0, 1], SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True, seed=0))
-    engine.scheduler.waiting[0].policy = Script()
+    engine.spec.state(engine.scheduler.waiting[0]).policy = Script()
     toy.run_all(engine)
     ks = [k for k, _ in verify_samples]
     assert ks[:7] == [0, 0, 2, 2, 0, 2, 2]

@@ -43,12 +43,12 @@ def test_auto_is_float16_on_the_native_glue_for_target_and_draft(int8_pair):
     target, draft = int8_pair  # int8 weights, float32 activations: the native glue
     llm = LLM(target, draft=draft, speculative_config=tiny.draft_spec(3))
     assert llm.engine.runner.cache.keys.dtype == torch.float16
-    assert llm.engine.drafter.runner.cache.keys.dtype == torch.float16
-    assert llm.engine.drafter.runner.cache.values.dtype == torch.float16
+    assert llm.engine.spec.model.runner.cache.keys.dtype == torch.float16
+    assert llm.engine.spec.model.runner.cache.values.dtype == torch.float16
     forced = LLM(target, draft=draft, speculative_config=tiny.draft_spec(3),
                  kv_cache_dtype="float32")
     assert forced.engine.runner.cache.keys.dtype == torch.float32
-    assert forced.engine.drafter.runner.cache.keys.dtype == torch.float32
+    assert forced.engine.spec.model.runner.cache.keys.dtype == torch.float32
 
 
 def test_auto_is_the_activations_dtype_off_the_native_glue(tmp_path):
@@ -74,9 +74,9 @@ def test_the_kv_budget_buys_blocks_at_the_cache_dtypes_size(int8_pair):
     for name in ("float32", "float16", "bfloat16", "auto"):
         runner, draft_runner = build_runners(target.model, draft.model, budget, 16, 100,
                                              kv_cache_dtype=name)
-        assert runner.blocks.num_blocks == draft_runner.blocks.num_blocks
-        assert runner.cache.keys.shape[1] == runner.blocks.num_blocks
-        blocks[name] = runner.blocks.num_blocks
+        assert runner.num_blocks == draft_runner.num_blocks
+        assert runner.cache.keys.shape[1] == runner.num_blocks
+        blocks[name] = runner.num_blocks
     assert blocks == {"float32": 64, "float16": 128, "bfloat16": 128, "auto": 128}
 
 

@@ -46,7 +46,7 @@ def chain_table() -> torch.Tensor:
 def byte_engine(k: int, max_num_seqs: int = 8, eos: int | None = None) -> LLMEngine:
     base = toy.toy_engine(chain_table(), chain_table() if k else None, k,
                           max_num_seqs=max_num_seqs, max_len=256)
-    return LLMEngine(base.runner, ByteTokenizer(eos), base.config, base.spec, base.drafter)
+    return LLMEngine(base.runner, base.scheduler.blocks, ByteTokenizer(eos), base.config, base.spec)
 
 
 def greedy(**kw) -> SamplingParams:
@@ -228,7 +228,7 @@ def test_abort_from_another_thread_frees_memory_and_the_others_finish():
     assert r1.finish_reason == "abort" and 0 < len(r1.token_ids) < 150
     assert r1.text == expected_text(len(r1.token_ids))
     assert abort_step_memory is not None and 0 < abort_step_memory < most
-    assert engine.drafter._seqs == {}  # the draft cache let go too
+    assert engine.spec.model._seqs == {}  # the draft cache let go too
     for rid in ("r0", "r2"):
         assert finals[rid].outputs[0].finish_reason == "length"
         assert finals[rid].outputs[0].text == expected_text(150)
@@ -310,12 +310,14 @@ def test_queue_time_ends_when_a_request_is_first_scheduled():
     assert second.outputs[0].queue_time == second.queue_time <= second.outputs[0].ttft
 
 
-def test_speculation_override_is_stored_on_the_sequences():
+def test_speculation_override_reaches_the_sequence_and_its_controller_state():
     engine = byte_engine(3)
     override = SpeculationOverride(enabled=False, tv_budget=0.25)
     engine.add_request([0], greedy(max_tokens=3, n=1), speculation=override)
     (seq,) = engine.scheduler.waiting
-    assert seq.speculation is override and seq.tv_budget == 0.25
+    assert seq.tv_budget == 0.25 and not engine.spec.state(seq).enabled
+    toy.run_all(engine)
+    assert seq.metrics.drafted == 0 and seq.metrics.idle == {"off": 2}
 
 
 def test_bad_requests_are_refused_before_anything_is_queued():

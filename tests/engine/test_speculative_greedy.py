@@ -149,13 +149,13 @@ def test_draft_catch_up_after_idle_rounds_is_bounded_and_output_unchanged(int8_p
     n = 60
     plain = LLM(target).generate(PROMPT, greedy(n))[0].outputs[0]
     llm = LLM(target, draft=target, speculative_config=spec(3))
-    drafter = llm.engine.drafter
+    drafter = llm.engine.spec.model
     fed = []
     forward = drafter.runner.forward
     drafter.runner.forward = lambda rows, *a, **kw: fed.append([len(r) for r in rows]) or forward(rows, *a, **kw)
     llm.engine.add_request(PROMPT, greedy(n))
     (seq,) = llm.engine.scheduler.waiting
-    seq.policy = Scripted([0] * 12 + [3, 3])
+    llm.engine.spec.state(seq).policy = Scripted([0] * 12 + [3, 3])
     skipped = []
     while llm.engine.has_unfinished():
         llm.engine.step()
@@ -177,11 +177,11 @@ def test_draft_catch_up_after_idle_rounds_is_bounded_and_output_unchanged(int8_p
 def test_unbounded_catch_up_feeds_every_unseen_token(int8_pair):
     target, _ = int8_pair
     llm = LLM(target, draft=target, speculative_config=spec(3))
-    drafter = llm.engine.drafter
+    drafter = llm.engine.spec.model
     drafter.max_catchup = None
     llm.engine.add_request(PROMPT, greedy(40))
     (seq,) = llm.engine.scheduler.waiting
-    seq.policy = Scripted([0] * 12 + [3])
+    llm.engine.spec.state(seq).policy = Scripted([0] * 12 + [3])
     while llm.engine.has_unfinished():
         llm.engine.step()
         state = drafter._seqs.get(seq.seq_id)
@@ -197,14 +197,16 @@ def test_cost_aware_engine_starts_calibrated(int8_pair, monkeypatch):
     target, draft = int8_pair
     runs = []
 
-    def watched(engine):
-        runs.append((engine, calibrate(engine)))
+    def watched(cost, runner, draft_runner, cap):
+        runs.append(((cost, runner, draft_runner), calibrate(cost, runner, draft_runner, cap)))
         return runs[-1][1]
 
     monkeypatch.setattr(llm_module, "calibrate", watched)
     llm = LLM(target, draft=draft, speculative_config=spec(-1, max_k=5))
-    assert len(runs) == 1 and runs[0][0] is llm.engine
-    measured = runs[0][1]
+    assert len(runs) == 1
+    (cost, runner, draft_runner), measured = runs[0]
+    assert cost is llm.engine.spec.cost and runner is llm.engine.runner
+    assert draft_runner is llm.engine.spec.model.runner
     assert sorted(measured["verify_s"]) == list(range(6))
     assert measured["draft_step_s"] > 0
     cost = llm.engine.cost
@@ -217,3 +219,48 @@ def test_cost_aware_engine_starts_calibrated(int8_pair, monkeypatch):
     # a fixed-k engine does not spend start-up time calibrating
     assert LLM(target, draft=draft, speculative_config=spec(2)).engine.cost.verify_time(0) == 1.0
     assert len(runs) == 1
+
+
+@pytest.mark.parametrize("method", ["suffix", "hybrid"])
+def test_lookup_led_methods_greedy_equal_target_only(int8_pair, method):
+    target, draft = int8_pair
+    plain = LLM(target).generate(PROMPT, greedy(48))[0].outputs[0]
+    llm = LLM(target, draft=draft, speculative_config={"method": method, "model": "draft"})
+    out = llm.generate(PROMPT, greedy(48))[0].outputs[0]
+    assert out.token_ids == plain.token_ids
+
+
+def test_a_second_request_repeating_the_first_ones_output_drafts_from_it(int8_pair):
+    """Cross-request reuse: the first request's output joins the shared cache; the second
+    request (same prompt, greedy: the same answer) gets candidates from it, which the first
+    never had, and accepts at least as much as with the cache off. Outputs are identical."""
+    target, _ = int8_pair
+    prompt, n = [7, 91, 12, 64, 3, 77, 105, 21], 64
+    accepted = {}
+    for tokens in (0, 1 << 16):
+        llm = LLM(target, speculative_config={"method": "suffix", "suffix_cache_tokens": tokens,
+                                              "num_speculative_tokens": 8})
+        lookup, seen = llm.engine.spec.lookup, []
+        candidate = lookup.candidate
+        lookup.candidate = lambda seq, limit: seen.append(c := candidate(seq, limit)) or c
+        first = llm.generate(prompt, greedy(n))[0].outputs[0]
+        in_first = len(seen)
+        second = llm.generate(prompt, greedy(n))[0].outputs[0]
+        assert second.token_ids == first.token_ids
+        assert not any(c.from_cache for c in seen[:in_first])
+        from_cache = [c for c in seen[in_first:] if c.from_cache]
+        if tokens:
+            assert lookup.cache.num_tokens == 2 * n and from_cache  # both outputs kept
+        else:
+            assert lookup.cache is None and not from_cache
+        accepted[tokens] = second.spec.accepted
+    assert accepted[1 << 16] >= accepted[0] and accepted[1 << 16] >= 0.8 * n
+
+
+def test_eight_hybrid_requests_at_once_equal_target_only(int8_pair):
+    target, draft = int8_pair
+    prompts = [[(7 * i + j) % 100 + 3 for j in range(6 + i)] for i in range(8)]
+    plain = [o.outputs[0].token_ids for o in LLM(target).generate(prompts, greedy(32))]
+    llm = LLM(target, draft=draft, max_num_seqs=8,
+              speculative_config={"method": "hybrid", "model": "draft"})
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(32))] == plain

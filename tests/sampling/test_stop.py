@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specserve.sampling.params import SamplingParams
+from specserve.sampling.params import MAX_STOP_CHARS, MAX_STOP_STRINGS, SamplingParams
 from specserve.sampling.stop import StopChecker, finish_reason_for_token
 
 
@@ -151,3 +151,47 @@ EOS = frozenset({2, 7})
 )
 def test_finish_reason_for_token(token, kwargs, reason):
     assert finish_reason_for_token(token, SamplingParams(**kwargs), EOS) == reason
+
+
+def comparisons_per_character(stop: tuple[str, ...], text: str, chunk: int) -> float:
+    checker = excluding(*stop)
+    stream(checker, [text[i:i + chunk] for i in range(0, len(text), chunk)])
+    return checker.comparisons / len(text)
+
+
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_work_per_new_character_does_not_grow_with_the_stop_strings_length(chunk):
+    # text that keeps almost matching: every stop string is "a" * L + "b", the text all "a"
+    text = "a" * 3000
+    short = comparisons_per_character(("a" * 3 + "b",) * 4, text, chunk)
+    long = comparisons_per_character(("a" * 255 + "b",) * 4, text, chunk)
+    # each matcher does amortized < 2 comparisons per character, whatever the length
+    assert short <= 2 * 4 and long <= 2 * 4
+
+
+def test_a_stream_withholds_the_almost_matched_tail_of_a_long_stop_string():
+    stop = "x" * 200 + "!"
+    streamed, final, stopped = stream(excluding(stop), ["ab", *["x"] * 200, "!tail"])
+    assert stopped and final == "ab" and streamed == "ab"
+    streamed, final, stopped = stream(excluding(stop), ["ab", *["x"] * 150, "y"])
+    assert not stopped and streamed == final == "ab" + "x" * 150 + "y"
+
+
+def test_matches_agree_with_a_plain_search_on_random_text():
+    rng = random.Random(1)
+    for _ in range(300):
+        stops = tuple("".join(rng.choice("ab") for _ in range(rng.randint(1, 5)))
+                      for _ in range(rng.randint(1, 3)))
+        text = "".join(rng.choice("ab") for _ in range(rng.randint(0, 20)))
+        ends = [(text.find(s) + len(s), -len(s)) for s in stops if s in text]
+        expected = min(ends)[0] + min(ends)[1] if ends else None
+        assert stream(excluding(*stops), list(text))[1] == (text[:expected] if ends else text)
+        assert excluding(*stops).check(text, 0) == expected
+
+
+def test_too_many_or_too_long_stop_strings_are_refused():
+    with pytest.raises(ValueError, match="^stop takes at most"):
+        SamplingParams(stop=["s"] * (MAX_STOP_STRINGS + 1))
+    with pytest.raises(ValueError, match="^stop entries must be at most"):
+        SamplingParams(stop=["s" * (MAX_STOP_CHARS + 1)])
+    assert SamplingParams(stop=["s" * MAX_STOP_CHARS] * MAX_STOP_STRINGS).stop[0] == "s" * 256

@@ -54,9 +54,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(model_dir: Path, log_path: Path, *extra: str, startup_s: float = 180) -> ServerProcess:
+def start_server(model_dir: Path, log_path: Path, *extra: str, startup_s: float = 180,
+                 entry: tuple[str, ...] = ("specserve.cli",)) -> ServerProcess:
+    """The server on a free port; `entry`: the module to run and its first arguments (e.g.
+    `tests.server.faulty_serve` and its control folder)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "specserve.cli", "serve", "--model", str(model_dir),
+    cmd = [sys.executable, "-m", *entry, "serve", "--model", str(model_dir),
            "--draft-model", str(model_dir), "--served-model-name", NAME, "--dtype", "float32",
            "--weights", "bf16", "--port", str(port), "--api-key", KEY,
            "--max-model-len", str(MAX_MODEL_LEN), "--max-request-bytes", str(MAX_REQUEST_BYTES),

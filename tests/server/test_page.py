@@ -148,7 +148,7 @@ def test_the_page_and_its_assets_are_served_from_the_package_without_outside_url
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "default-src 'self'" in page.headers["content-security-policy"]
     here = Path(__file__).resolve().parents[2] / "specserve" / "server" / "static"
-    for name in ("index.html", "app.js", "style.css"):
+    for name in ("index.html", "app.js", "markdown.js", "style.css"):
         served = page if name == "index.html" else httpx.get(f"{server.base_url}/static/{name}", timeout=10)
         assert served.status_code == 200 and served.text == (here / name).read_text()
         # the only absolute URL is the SVG namespace, which is a name, never fetched
@@ -241,6 +241,79 @@ def test_keyboard_labels_and_a_narrow_window(server, browser, shots):
         shots(browser, "page-narrow")
     finally:
         browser.set_window_size(1280, 1000)
+
+
+# what a model's Markdown answer streams as: token texts and their origins
+MARKDOWN_TOKENS = [("Here", "plain"), (" is", "accepted"), (" **the", "accepted"), (" fix**", "bonus"),
+                   (":\n\n", "recovered"), ("```", "accepted"), ("py", "accepted"), ("thon\n", "bonus"),
+                   ("count", "plain"), (" = ", "accepted"), ("count + 1\n", "recovered"),
+                   ("```\n", "bonus"), ("\n- use", "plain"), (" `count`", "accepted"),
+                   ("\n- done", "bonus"), ("", "plain")]
+
+
+def test_markdown_renders_a_fenced_code_block_as_code_with_colored_tokens_inside(server, browser, shots):
+    open_page(browser, server)
+    got = browser.execute_script("""
+        const segments = arguments[0].map(([text, origin]) => ({text, origin, tokens: origin,
+                                                                 title: origin, multi: false}));
+        const answer = document.createElement('div');
+        answer.className = 'answer';
+        document.getElementById('log').append(answer);
+        window.SpecserveMarkdown.render(answer, segments);
+        const code = answer.querySelector('pre code');
+        const shown = (n) => n.getClientRects().length > 0;
+        return {
+          text: answer.textContent,
+          code: code && code.innerText, lang: code && code.dataset.lang,
+          codeColors: code ? [...code.querySelectorAll('span.tok, span.tok-cont')]
+            .filter(shown).map((s) => [s.textContent, s.classList[1]]) : [],
+          codeFont: code && getComputedStyle(code).fontFamily,
+          origins: [...answer.querySelectorAll('span.tok')].map((s) => s.dataset.origin),
+          strong: [...answer.querySelectorAll('p strong')].map((s) => s.textContent),
+          items: [...answer.querySelectorAll('ul > li')].map((li) => li.innerText),
+          inlineCode: [...answer.querySelectorAll('li code')].map((c) => c.textContent),
+          hiddenShown: [...answer.querySelectorAll('.md-mark')].some(shown),
+        };
+    """, MARKDOWN_TOKENS)
+    assert got["text"] == "".join(t for t, _ in MARKDOWN_TOKENS)  # nothing lost, nothing added
+    assert got["origins"] == [o for _, o in MARKDOWN_TOKENS]  # one colored span per token
+    assert got["code"].strip() == "count = count + 1" and got["lang"] == "python"  # fences hidden
+    assert got["codeColors"] == [["count", "plain"], [" = ", "accepted"], ["count + 1\n", "recovered"]]
+    assert "mono" in got["codeFont"]
+    assert got["strong"] == ["the fix"]
+    assert got["items"] == ["use count", "done"] and got["inlineCode"] == ["count"]
+    assert not got["hiddenShown"]  # fences, list markers, ** and ` are not shown
+    shots(browser, "page-markdown")
+
+
+def test_an_answer_without_drafting_says_so_in_words(server, browser):
+    open_page(browser, server)
+    fill(browser, "temperature", "0")
+    fill(browser, "max-tokens", "6")
+    Select(browser.find_element(By.ID, "spec-mode")).select_by_value("off")
+    assert send_and_wait(browser, "plain please") == "done"
+    note = browser.find_elements(By.CSS_SELECTOR, ".msg.assistant .spec-note")[-1]
+    assert note.is_displayed() and note.text.startswith("Drafting was off for this answer")
+    # rounds with k = 0 (here: the last token, with no room left for drafts) are counted in words
+    for max_tokens in (6, 9):
+        open_page(browser, server)  # a new conversation
+        fill(browser, "temperature", "0")
+        fill(browser, "max-tokens", str(max_tokens))
+        Select(browser.find_element(By.ID, "spec-mode")).select_by_value("fixed")
+        fill(browser, "spec-k", "3")
+        assert send_and_wait(browser, "draft please") == "done"
+        with server.client() as c:
+            body = c.post("/v1/chat/completions", json={
+                "model": NAME, "messages": [{"role": "user", "content": "draft please"}],
+                "temperature": 0, "max_tokens": max_tokens, "return_token_origins": True,
+                "speculative": {"num_speculative_tokens": 3}}).json()
+        rounds = rounds_of(body["choices"][0]["origins"])
+        off = sum(r == ["plain"] for r in rounds)
+        note = browser.find_elements(By.CSS_SELECTOR, ".msg.assistant .spec-note")[-1]
+        if off:
+            assert note.text.startswith(f"Drafting was off in {off} of {len(rounds)} rounds (k = 0)")
+        else:
+            assert not note.is_displayed()
 
 
 def test_a_lost_server_is_shown_as_a_readable_message(server, browser, shots):

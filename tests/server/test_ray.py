@@ -9,6 +9,7 @@ API key, page); its SIGTERM test runs last, after the replica-kill test.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -23,7 +24,9 @@ import openai
 import pytest
 
 from specserve.engine.outputs import EngineStats
-from specserve.server.replicas.pool import merge_stats
+from specserve.engine.async_engine import EngineDead, EngineError
+from specserve.server.replicas.deployment import Failure
+from specserve.server.replicas.pool import ReplicaPool, merge_stats
 from specserve.server.replicas.prefix import PrefixIndex, block_hashes
 from specserve.speculative.metrics import SpecMetrics
 from tests.server.conftest import KEY, NAME, start_server
@@ -31,13 +34,15 @@ from tests.server.test_serve import metrics
 
 REPLICAS = 2
 MAX_NUM_SEQS = 2  # small, so requests wait inside a replica (no tokens streamed yet) under load
+# (with n = 2 requests: each may take all of a replica's slots, --max-slot-share 1)
 GREEDY = {"temperature": 0, "max_tokens": 12}
 
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     srv = start_server(model_dir, tmp_path_factory.mktemp("ray-log") / "server.log",
-                       "--replicas", str(REPLICAS), "--max-num-seqs", str(MAX_NUM_SEQS), startup_s=240)
+                       "--replicas", str(REPLICAS), "--max-num-seqs", str(MAX_NUM_SEQS),
+                       "--max-slot-share", "1", startup_s=240)
     yield srv
     srv.stop()
 
@@ -45,7 +50,7 @@ def server(model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def single(model_dir, tmp_path_factory):
     srv = start_server(model_dir, tmp_path_factory.mktemp("single-log") / "server.log",
-                       "--max-num-seqs", str(MAX_NUM_SEQS))
+                       "--max-num-seqs", str(MAX_NUM_SEQS), "--max-slot-share", "1")
     yield srv
     srv.stop()
 
@@ -61,7 +66,8 @@ def client(server) -> openai.OpenAI:
 
 def replica_figures(srv) -> tuple[dict[str, int], dict[str, float]]:
     """(replica id -> pid of the live replicas, replica id -> requests it served)."""
-    text = httpx.get(f"{srv.base_url}/metrics", timeout=10).text
+    text = httpx.get(f"{srv.base_url}/metrics", timeout=10,
+                     headers={"Authorization": f"Bearer {KEY}"}).text
     pids = {r: int(p) for p, r in re.findall(r'specserve:replica_info\{[^}]*pid="(\d+)",replica="([^"]+)"', text)}
     served = {r: float(v) for r, v in re.findall(r'specserve:replica_requests_total\{[^}]*replica="([^"]+)"\} (\S+)', text)}
     return pids, served
@@ -127,7 +133,28 @@ def test_merged_stats_add_counts_and_divide_blocks():
     assert (m.running, m.waiting, m.kv_blocks_used, m.kv_blocks_total, m.kv_usage) == (3, 2, 40, 200, 0.2)
     assert (m.spec.accepted, m.spec.accepted_per_position, m.prefix_cache_hit_tokens) == (3, [3, 0], 6)
     assert m.rolling_acceptance == 0.9 and m.healthy is False
-    assert merge_stats([]).kv_usage == 0.0 and merge_stats([]).healthy is True
+    assert merge_stats([]).kv_usage == 0.0 and merge_stats([]).healthy is False  # no replica
+
+
+def test_a_dead_replica_engine_crosses_the_wire_as_engine_dead():
+    failure = Failure.of(EngineDead("the engine is dead: a step ran for more than 300 s"))
+    error = failure.exception("r1")
+    assert isinstance(error, EngineDead) and str(error).startswith("replica r1: the engine is dead")
+    assert type(Failure.of(EngineError("x")).exception("r1")) is EngineError
+
+
+def test_a_pool_with_no_live_replica_is_dead_and_refuses_requests_with_engine_dead():
+    pool = ReplicaPool.__new__(ReplicaPool)  # its state only: no Ray behind it
+    pool.replicas, pool._closing = {}, False
+    assert "no live engine replica" in pool.dead_reason
+
+    async def first():
+        return await anext(pool.stream([1, 2, 3], None))
+
+    with pytest.raises(EngineDead, match="no live engine replica"):
+        asyncio.run(first())
+    pool.replicas = {"r0": object()}
+    assert pool.dead_reason is None
 
 
 # ----------------------------------------------------------------------------- the replicated endpoint
@@ -221,8 +248,12 @@ def test_killing_a_replica_mid_load_loses_no_request_that_had_not_started_stream
     for i, (outcome, chunks, tokens) in results.items():
         if outcome == "ok":
             assert tokens == 300, results[i]
-        else:  # only requests that had streamed tokens may fail, with a message naming the cause
-            assert chunks > 0 and "replica" in outcome and "failed" in outcome, results[i]
+        else:  # only requests that had streamed tokens may fail: a 500 naming the request id,
+            # whose cause (the replica that failed) is in the server's log
+            assert chunks > 0 and "request id" in outcome, results[i]
+            request_id = outcome.split("request id ")[1].split(";")[0]
+            assert any(request_id in line and "replica" in line and "failed" in line
+                       for line in server.log.splitlines()), outcome
     assert any(o != "ok" for o, _, _ in results.values())  # the victim was busy
     figures = metrics(server)
     assert figures["specserve:replica_retried_requests_total"] >= 1  # its waiting requests moved
@@ -236,7 +267,7 @@ def test_killing_a_replica_mid_load_loses_no_request_that_had_not_started_stream
 from tests.server.test_serve import (  # noqa: E402  (collected here, against the replicated server)
     test_bad_input_gets_its_status_and_an_openai_error_body, test_chat_stream_equals_the_non_streamed_greedy_text_with_exact_usage,
     test_completion_usage_counts_prompt_ids_and_generated_tokens_exactly,
-    test_missing_or_wrong_api_key_gets_401_and_health_stays_open, test_models_and_health_list_the_served_model,
+    test_missing_or_wrong_api_key_gets_401_on_the_api_and_metrics_and_health_stays_open, test_models_and_health_list_the_served_model,
     test_oversized_bodies_are_refused_with_413_with_or_without_content_length,
     test_per_request_speculation_settings_and_their_statistics, test_seeds_reproduce_sampled_outputs_and_distinct_seeds_differ,
     test_sixteen_concurrent_streams_each_equal_their_solo_greedy_output,
@@ -246,3 +277,28 @@ from tests.server.test_page import (  # noqa: E402
     test_the_page_and_its_assets_are_served_from_the_package_without_outside_urls)
 from tests.server.test_serve import (  # noqa: E402  (last: it stops the server)
     test_sigterm_lets_in_flight_requests_finish_aborts_the_rest_and_exits_0)
+
+
+def test_a_replica_start_failure_is_the_single_process_servers_one_line_error(model_dir):
+    """Every replica fails to build its engine (a draft that does not exist): the error comes
+    back once, in the single-process server's one line and exit code, with no restart loop and
+    no traceback from a replica's destructor."""
+    flags = ["serve", "--model", str(model_dir), "--draft-model", "/nonexistent/draft.gguf",
+             "--dtype", "float32", "--weights", "bf16"]
+    results = [subprocess.run([sys.executable, "-m", "specserve.cli", *flags, *extra],
+                              capture_output=True, text=True, timeout=300)
+               for extra in ([], ["--replicas", str(REPLICAS)])]
+    errors = [[line for line in (r.stdout + r.stderr).splitlines()
+               if line.startswith("specserve serve: error: ")] for r in results]
+    single, replicated = results
+    assert single.returncode == replicated.returncode == 2, replicated.stderr[-4000:]
+    assert len(errors[0]) == 1 and errors[1] == errors[0], replicated.stderr[-4000:]
+    assert "/nonexistent/draft.gguf" in errors[0][0]
+    for r in results:
+        assert "Traceback" not in r.stdout + r.stderr and "AttributeError" not in r.stderr
+
+
+def test_a_replica_whose_engine_never_started_is_destroyed_quietly():
+    from specserve.server.replicas.deployment import EngineReplica
+
+    EngineReplica.__new__(EngineReplica).__del__()  # as Ray does after a failed constructor

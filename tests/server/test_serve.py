@@ -43,7 +43,8 @@ def streamed_chat(client, text: str, **kw) -> tuple[dict[int, str], list]:
 
 
 def metrics(server) -> dict:
-    text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    text = httpx.get(f"{server.base_url}/metrics", timeout=10,
+                     headers={"Authorization": f"Bearer {KEY}"}).text
     values = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -253,12 +254,13 @@ def test_oversized_bodies_are_refused_with_413_with_or_without_content_length(se
         assert _post(http, "/v1/completions", {"model": NAME, "prompt": "x", "max_tokens": 1}).status_code == 200
 
 
-def test_missing_or_wrong_api_key_gets_401_and_health_stays_open(server):
+def test_missing_or_wrong_api_key_gets_401_on_the_api_and_metrics_and_health_stays_open(server):
     body = {"model": NAME, "prompt": "x", "max_tokens": 1}
     missing = httpx.post(f"{server.base_url}/v1/completions", json=body)
     wrong = httpx.post(f"{server.base_url}/v1/completions", json=body,
                        headers={"Authorization": "Bearer nope"})
-    for r in (missing, wrong):
+    bare_metrics = httpx.get(f"{server.base_url}/metrics")
+    for r in (missing, wrong, bare_metrics):
         assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     assert httpx.get(f"{server.base_url}/health").status_code == 200
 

@@ -3,7 +3,7 @@ target pass is memory-bound and stops once verify rows cost as much as decode ro
 
 from __future__ import annotations
 
-from specserve.engine.cost_model import CostModel
+from specserve.speculative.cost_model import CostModel
 from specserve.speculative.cost_aware import CostAwarePolicy
 
 DECODE = 0.05  # seconds of a one-row pass

@@ -40,7 +40,7 @@ def test_draft_runs_nothing_until_the_targets_prefill_has_given_the_first_token(
     target, draft = int8_pair
     llm = LLM(target, draft=draft, speculative_config=spec(3), max_num_batched_tokens=32)
     engine = llm.engine
-    passes = record_passes(engine.drafter)
+    passes = record_passes(engine.spec.model)
     engine.add_request(PROMPT, greedy(30))
     (seq,) = engine.scheduler.waiting
     prefill_steps = 0
@@ -49,7 +49,7 @@ def test_draft_runs_nothing_until_the_targets_prefill_has_given_the_first_token(
         prefill_steps += 1
         assert passes == [], "the draft ran during the target's prefill"
     assert prefill_steps >= len(PROMPT) // 32  # the prompt took several chunked steps
-    assert not engine.drafter.started(seq)
+    assert not engine.spec.model.started(seq)
     while engine.has_unfinished():
         engine.step()
     assert passes, "the draft never started"
@@ -61,7 +61,7 @@ def test_a_starting_draft_is_fed_only_the_newest_prefill_window_tokens(int8_pair
     target, _ = int8_pair
     window = 16
     llm = LLM(target, draft=target, speculative_config=spec(3, prefill_window=window))
-    drafter = llm.engine.drafter
+    drafter = llm.engine.spec.model
     passes = record_passes(drafter)
     llm.engine.add_request(PROMPT, greedy(40))
     (seq,) = llm.engine.scheduler.waiting
@@ -82,7 +82,7 @@ def test_a_windowed_start_keeps_the_drafts_prefix_cache_hits(int8_pair):
     target, _ = int8_pair
     shared = PROMPT[:48]  # three full blocks, registered by a first draft that saw them all
     llm = LLM(target, draft=target, speculative_config=spec(2, prefill_window=64))
-    drafter = llm.engine.drafter
+    drafter = llm.engine.spec.model
     llm.generate(shared, greedy(8))
     hits = drafter.prefix_hit_tokens
     second = shared + [(3 * j) % 80 + 7 for j in range(100)]
@@ -103,7 +103,7 @@ def test_a_start_longer_than_the_prefill_budget_is_fed_in_chunks_while_decoding_
     target, _ = int8_pair
     llm = LLM(target, draft=target, speculative_config=spec(3, prefill_window=None),
               max_num_batched_tokens=32)
-    drafter = llm.engine.drafter
+    drafter = llm.engine.spec.model
     passes = record_passes(drafter)
     llm.engine.add_request(PROMPT, greedy(40))
     (seq,) = llm.engine.scheduler.waiting
@@ -129,7 +129,7 @@ def test_sequences_starting_together_share_one_calls_prefill_budget(int8_pair):
     budget = 92  # the three prompts prefill in one step; their three starts (31 each) do not fit
     llm = LLM(target, draft=draft, speculative_config=spec(2, prefill_window=None),
               max_num_batched_tokens=budget)
-    passes = record_passes(llm.engine.drafter)
+    passes = record_passes(llm.engine.spec.model)
     outs = llm.generate(prompts, greedy(12))
     assert max(sum(rows) for rows in passes) <= budget
     for prompt, out in zip(prompts, outs):
@@ -148,7 +148,7 @@ def test_cost_aware_never_starts_the_draft_for_a_short_request_but_does_for_a_lo
         llm.engine.cost.seed(0.01, {k: 0.05 + 0.002 * k for k in range(5)}, draft_prefill_s=0.002)
         out = llm.generate(prompt, greedy(max_tokens))[0].outputs[0]
         assert out.token_ids == plain(target, prompt, max_tokens, max_model_len=512)
-        return llm.engine.drafter.num_started, out
+        return llm.engine.spec.model.num_started, out
 
     started, out = run(16)
     assert started == 0 and out.spec.drafted == 0
@@ -161,8 +161,8 @@ def test_speculation_turned_off_per_request_never_starts_the_draft(int8_pair):
 
     target, draft = int8_pair
     llm = LLM(target, draft=draft, speculative_config=spec(3))
-    passes = record_passes(llm.engine.drafter)
+    passes = record_passes(llm.engine.spec.model)
     llm.engine.add_request(PROMPT, greedy(20), speculation=SpeculationOverride(enabled=False))
     while llm.engine.has_unfinished():
         llm.engine.step()
-    assert passes == [] and llm.engine.drafter.num_started == 0
+    assert passes == [] and llm.engine.spec.model.num_started == 0

@@ -68,7 +68,7 @@ def test_bad_lookup_bounds_raise_naming_the_field(max_n, min_n, field):
     with pytest.raises(ValueError, match=field):
         find_ngram_draft([1, 2, 1], k=1, max_n=max_n, min_n=min_n)
     with pytest.raises(ValueError, match=field):
-        NgramDrafter(4, prompt_lookup_max=max_n, prompt_lookup_min=min_n)
+        NgramDrafter(prompt_lookup_max=max_n, prompt_lookup_min=min_n)
 
 
 def test_matches_the_literal_rule_on_random_small_vocabularies():
@@ -87,45 +87,37 @@ def fake_seq(seq_id: int, token_ids: list[int]) -> SimpleNamespace:
     return SimpleNamespace(seq_id=seq_id, token_ids=token_ids)
 
 
-def test_drafter_proposes_one_hot_drafts_per_sequence_with_its_own_k():
-    drafter = NgramDrafter(4, prompt_lookup_max=3, prompt_lookup_min=1)
+def test_drafter_offers_each_sequence_its_own_lookup_with_full_confidence():
+    drafter = NgramDrafter(prompt_lookup_max=3, prompt_lookup_min=1)
     a, b = fake_seq(0, [1, 2, 3, 4, 1, 2]), fake_seq(1, [9, 8, 7])
-    for seq in (a, b):
-        drafter.start(seq)
-    props = drafter.propose([a, b], [3, 3])
-    assert props[0].tokens == [3, 4, 1] and props[0].draft_probs is None
-    assert props[1].k == 0  # no match
-    assert drafter.propose([a], [0])[0].k == 0
+    got = drafter.candidate(a, 3)
+    assert got.tokens == [3, 4, 1] and got.confidence == [1.0] * 3 and got.match_len == 2
+    assert drafter.candidate(b, 3).tokens == []  # no match
+    assert drafter.candidate(a, 0).tokens == []
 
 
 def test_drafter_follows_the_sequence_as_rounds_append_tokens():
     rng = np.random.default_rng(2)
-    drafter = NgramDrafter(5, prompt_lookup_max=3, prompt_lookup_min=1)
+    drafter = NgramDrafter(prompt_lookup_max=3, prompt_lookup_min=1)
     seq = fake_seq(7, rng.integers(0, 6, 20).tolist())
-    drafter.start(seq)
     for _ in range(300):  # grows past the buffer's initial capacity
-        old_len = len(seq.token_ids)
-        got = drafter.propose([seq], [5])[0].tokens
-        assert got == reference_draft(seq.token_ids, 5, 3, 1)
+        assert drafter.candidate(seq, 5).tokens == reference_draft(seq.token_ids, 5, 3, 1)
         seq.token_ids.extend(rng.integers(0, 6, int(rng.integers(1, 4))).tolist())
-        drafter.commit(seq, 0, old_len)
 
 
 def test_drafter_rebuilds_when_a_reused_id_holds_different_tokens():
-    drafter = NgramDrafter(3)
-    drafter.propose([fake_seq(0, [1, 2, 3, 1, 2])], [3])
+    drafter = NgramDrafter()
+    drafter.candidate(fake_seq(0, [1, 2, 3, 1, 2]), 3)
     replaced = fake_seq(0, [5, 6, 5, 6, 5, 6, 7, 5])  # same id, other tokens, longer
-    assert drafter.propose([replaced], [3])[0].tokens == [6, 7, 5]
+    assert drafter.candidate(replaced, 3).tokens == [6, 7, 5]
     shorter = fake_seq(0, [4, 4])
-    assert drafter.propose([shorter], [3])[0].tokens == [4]
+    assert drafter.candidate(shorter, 3).tokens == [4]
 
 
-def test_drafter_works_without_start_and_forgets_finished_sequences():
-    drafter = NgramDrafter(2)
+def test_drafter_forgets_finished_sequences():
+    drafter = NgramDrafter()
     seq = fake_seq(3, [1, 2, 1])
-    assert drafter.propose([seq], [2])[0].tokens == [2, 1]
+    assert drafter.candidate(seq, 2).tokens == [2, 1]
     drafter.finish(seq)
     drafter.finish(seq)  # finishing twice is harmless
     assert drafter._buffers == {}
-    with pytest.raises(ValueError, match="num_speculative_tokens"):
-        NgramDrafter(-2)

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from specserve.engine.cost_model import DEFAULT_DRAFT_PREFILL_RATIO, CostModel
+from specserve.speculative.cost_model import DEFAULT_DRAFT_PREFILL_RATIO, CostModel
 from specserve.speculative.cost_aware import CostAwarePolicy
 from specserve.speculative.policies import (
     AcceptanceRatePolicy,

@@ -6,14 +6,48 @@ original scene: drafts are often rejected), `summarize` (a summary that reuses t
 phrases and figures) and `chat_short` (one short chat turn). Each is a UTF-8 `.txt` file
 beside this module; `specserve bench --list-workloads` shows them and `--prompt-file
 NAME=PATH` adds or replaces one.
+
+Two *sessions* are series of requests (`.json`: a system prompt, the user turns, and whether
+each request carries the conversation so far): `agent_session` (a coding agent: every turn a
+new request with the same tool schema and file, answered by a JSON tool call) and
+`code_revision_chat` (a chat whose answers revise the code of an earlier turn). They show
+what drafting from earlier requests' outputs is worth.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 SUFFIX = ".txt"
+SESSION_SUFFIX = ".json"
+
+
+@dataclass(frozen=True)
+class Session:
+    """A series of chat requests: `turns` are the user messages, one request each; with
+    `history` a request carries the earlier turns and the model's own answers to them."""
+
+    system: str
+    turns: tuple[str, ...]
+    history: bool
+
+
+def sessions() -> tuple[str, ...]:
+    """The shipped sessions' names, sorted."""
+    return tuple(sorted(entry.name[:-len(SESSION_SUFFIX)]
+                        for entry in resources.files(__name__).iterdir()
+                        if entry.name.endswith(SESSION_SUFFIX)))
+
+
+def load_session(name: str) -> Session:
+    if name not in sessions():
+        raise ValueError(f"session must be one of {list(sessions())}, got {name!r}")
+    raw = json.loads(resources.files(__name__).joinpath(name + SESSION_SUFFIX)
+                     .read_text(encoding="utf-8"))
+    return Session(raw["system"], tuple(raw["turns"]), bool(raw["history"]))
 
 
 def names() -> tuple[str, ...]:
@@ -31,12 +65,15 @@ def load(name: str) -> str:
 
 
 def resolve(wanted: tuple[str, ...], files: dict[str, Path],
-            directory: Path | None = None) -> dict[str, str]:
+            directory: Path | None = None) -> dict[str, "str | Session"]:
     """The prompt of every wanted workload: from `files` (name → path) first, then from
     `directory` when one is given, else the shipped set. Raises before any work when a name
     has no prompt or a file cannot be read."""
     prompts = {}
     for name in wanted:
+        if name in sessions() and name not in files:
+            prompts[name] = load_session(name)
+            continue
         path = files.get(name) or (directory / f"{name}{SUFFIX}" if directory else None)
         if path is None:
             prompts[name] = load(name)

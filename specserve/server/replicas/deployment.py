@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import ray
 from ray import serve
 
-from specserve.engine.client import EngineClosed, EngineError
+from specserve.engine.client import EngineClosed, EngineDead, EngineError
 
 log = logging.getLogger("specserve.server")
 STATS_PERIOD_S = 0.5
@@ -26,13 +26,14 @@ STATS_PERIOD_S = 0.5
 
 @dataclass(frozen=True)
 class Failure:
-    kind: str  # "value" (bad input) | "closed" (shutting down) | "engine" (failed in the engine)
+    kind: str  # "value" (bad input) | "closed" (shutting down) | "dead" (the replica's engine
+    # is dead) | "engine" (failed in the engine)
     message: str
 
     @classmethod
     def of(cls, e: Exception) -> "Failure":
         kind = ("value" if isinstance(e, ValueError) else "closed" if isinstance(e, EngineClosed)
-                else "engine")
+                else "dead" if isinstance(e, EngineDead) else "engine")
         return cls(kind, str(e))
 
     def exception(self, replica: str) -> Exception:
@@ -40,7 +41,22 @@ class Failure:
             return ValueError(self.message)
         if self.kind == "closed":
             return EngineClosed(self.message)
+        if self.kind == "dead":
+            return EngineDead(f"replica {replica}: {self.message}")
         return EngineError(f"replica {replica}: {self.message}")
+
+
+@dataclass(frozen=True)
+class StartFailure:
+    """Why a replica could not build its engine: the error the single-process server reports in
+    one line (`specserve/cli.py`), carried back whole, so the serving process raises it once
+    instead of Ray Serve restarting replicas that fail the same way."""
+
+    kind: str  # "value" (exit 2, as a ValueError) | "os" (exit 1)
+    message: str
+
+    def exception(self) -> Exception:
+        return ValueError(self.message) if self.kind == "value" else OSError(self.message)
 
 
 @dataclass(frozen=True)
@@ -80,21 +96,30 @@ class StatsBoard:
 class EngineReplica:
     """One engine. Ray Serve makes N of these, restarts dead ones and routes calls to them."""
 
-    def __init__(self, llm_kwargs: dict, board) -> None:
+    def __init__(self, llm_kwargs: dict, board, step_timeout: float | None = None) -> None:
         from specserve.llm import LLM
 
+        self._stop = threading.Event()  # first: __del__ finds it whatever fails below
+        self.engine, self.start_failure = None, None
         self.replica = serve.get_replica_context().replica_id.unique_id
         _foreground_priority()
-        self.llm = LLM(**llm_kwargs)
-        self.engine = self.llm.async_engine()
+        try:
+            self.llm = LLM(**llm_kwargs)
+        except (ValueError, OSError, MemoryError) as e:  # what the CLI reports in one line
+            self.start_failure = StartFailure("value" if isinstance(e, ValueError) else "os",
+                                              str(e))
+            return
+        self.engine = self.llm.async_engine(step_timeout)
         self.board, self.served = board, 0
-        self._stop = threading.Event()
         self._poster = threading.Thread(target=self._post_stats, name="stats-poster", daemon=True)
         self._poster.start()
         log.info("specserve: replica %s (pid %d) ready", self.replica, os.getpid())
 
     def describe(self) -> dict:
-        """What the HTTP process needs to validate requests without loading the model itself."""
+        """What the HTTP process needs to validate requests without loading the model itself
+        (or, where the engine could not be built, `{"start_failure": StartFailure}`)."""
+        if self.start_failure is not None:
+            return {"start_failure": self.start_failure}
         return {"tokenizer": self.llm.tokenizer, "max_model_len": self.llm.engine.config.max_model_len,
                 "vocab_size": self.llm.target.config.vocab_size, "speculative": self.llm.spec is not None}
 
@@ -111,10 +136,18 @@ class EngineReplica:
         finally:
             self.served += 1
 
+    def check_health(self) -> None:
+        """Ray Serve's periodic probe: a dead engine fails it, and Ray Serve replaces the replica
+        (meanwhile it posts no figures, so the pool stops routing to it)."""
+        if self.engine.dead_reason is not None:
+            raise RuntimeError(f"replica {self.replica}: the engine is dead: {self.engine.dead_reason}")
+
     def _post_stats(self) -> None:
         node = ray.get_runtime_context().get_node_id()
         draining = False
         while not self._stop.wait(STATS_PERIOD_S):
+            if self.engine.dead_reason is not None:
+                return
             try:
                 deadline = ray.get(self.board.post.remote(ReplicaInfo(
                     self.replica, os.getpid(), node, self.engine.stats(), self.served, time.time())))
@@ -127,7 +160,9 @@ class EngineReplica:
 
     def __del__(self) -> None:
         """Ray Serve's graceful shutdown: in-flight requests were drained by the HTTP process."""
-        self._stop.set()
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown(0)

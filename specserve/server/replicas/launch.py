@@ -82,15 +82,19 @@ def serve_replicas(args: ServerConfig, config: LLMConfig) -> int:
             graceful_shutdown_timeout_s=args.shutdown_timeout + 5,
             logging_config={"log_level": args.log_level.upper(),
                             "enable_access_log": args.access_log})
-        handle = serve.run(deployment.bind(llm_kwargs(config), board), name=APP_NAME,
-                           route_prefix=None)
+        handle = serve.run(deployment.bind(llm_kwargs(config), board, args.step_timeout),
+                           name=APP_NAME, route_prefix=None)
         model = handle.describe.remote().result()
+        if "start_failure" in model:  # every replica fails alike: say it once, as one process would
+            raise model["start_failure"].exception()
         log.info("specserve: %d replica(s) of %s (%d CPU each) ready in %.1f s", args.replicas,
                  config.load.model, cpus, time.perf_counter() - start)
         limits = ModelLimits(args.served_model_name or str(config.load.model), model["max_model_len"],
-                             model["vocab_size"], model["speculative"])
+                             model["vocab_size"], model["speculative"],
+                             config.engine.max_num_seqs * args.replicas)  # the pool's slots
         pool = ReplicaPool(handle, board)
-        app, state = build_app(pool, model["tokenizer"], limits, args.api_key, args.max_request_bytes)
+        app, state = build_app(pool, model["tokenizer"], limits, args.api_key, args.max_request_bytes,
+                               args.limits())
         state.metrics.registry.register(ReplicaCollector(pool, limits.name))
         asyncio.run(run_app(app, state, args))
     finally:

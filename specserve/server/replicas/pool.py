@@ -8,6 +8,10 @@ N Ray Serve engine replicas, so `build_app` serves them as it serves one `AsyncE
   the router picks; after that, or once deltas were streamed, the request ends with an
   EngineError naming the replica (the app turns it into a 500 `engine_error`, in the stream when
   streaming).
+- a call that sends nothing for `call_timeout_s` (the replica stopped answering) counts as a
+  failure in Ray: cancelled, and sent again if nothing had been streamed.
+- no live replica (none posted to the board within `stale_s`): `dead_reason` says so, `/health`
+  answers 503 and requests are refused with `EngineDead` (503 `engine_dead`).
 - abort: cancels the call; the replica's AsyncEngine aborts the request and frees its memory.
 - stats: the sum over the replicas' latest posts to the StatsBoard (a post older than `stale_s`
   is a dead replica's and is dropped, with its prefixes).
@@ -19,6 +23,7 @@ N Ray Serve engine replicas, so `build_app` serves them as it serves one `AsyncE
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import threading
@@ -28,7 +33,7 @@ import uuid
 import ray
 from ray.exceptions import RayError
 
-from specserve.engine.client import EngineClosed, EngineError
+from specserve.engine.client import EngineClosed, EngineDead, EngineError
 from specserve.engine.outputs import EngineStats
 from specserve.server.replicas.deployment import Failure, ReplicaInfo
 from specserve.server.replicas.prefix import PrefixIndex
@@ -39,11 +44,14 @@ REFRESH_S = 0.5
 STALE_S = 3.0
 MIN_AFFINITY = 0.5  # the held prefix must cover at least this fraction of the prompt
 CANCEL_GRACE_S = 2.0  # after the drain timeout, how long replicas get to send their "abort" deltas
+CALL_TIMEOUT_S = 120.0  # the longest a call may go without a delta (a request waits for a slot)
 
 
 class ReplicaPool:
-    def __init__(self, handle, board, block: int = 16, retries: int = 1) -> None:
+    def __init__(self, handle, board, block: int = 16, retries: int = 1,
+                 call_timeout_s: float = CALL_TIMEOUT_S) -> None:
         self.handle, self.board, self.retries = handle, board, retries
+        self.call_timeout_s = call_timeout_s
         self.index = PrefixIndex(block)
         self.replicas: dict[str, ReplicaInfo] = {}  # latest post per live replica
         self.routed: collections.Counter[str] = collections.Counter()  # requests each replica took
@@ -61,6 +69,8 @@ class ReplicaPool:
     async def stream(self, prompt: list[int], params, request_id: str | None = None, speculation=None):
         if self._closing:
             raise EngineClosed("the server is shutting down and takes no new requests")
+        if self.dead_reason is not None:
+            raise EngineDead(self.dead_reason)
         request_id = request_id or uuid.uuid4().hex
         preferred = self._preferred(prompt)
         for attempt in range(self.retries + 1):
@@ -69,7 +79,7 @@ class ReplicaPool:
             self._inflight[request_id] = call
             replica, received, finished = None, False, False
             try:
-                async for replica, item in call:
+                async for replica, item in _within(self.call_timeout_s, call):
                     if isinstance(item, Failure):
                         raise item.exception(replica)
                     if not received:
@@ -82,7 +92,7 @@ class ReplicaPool:
                     if finished:
                         return
                 raise EngineError(f"replica {replica} ended request {request_id} unfinished")
-            except RayError as e:
+            except (RayError, TimeoutError) as e:
                 if received or attempt == self.retries or self._closing:
                     self.failed += 1
                     what = "after streaming part of it" if received else "and the retry failed too"
@@ -108,7 +118,14 @@ class ReplicaPool:
         return merge_stats([r.stats for r in self.replicas.values()])
 
     def health(self) -> bool:
-        return not self._closing and bool(self.replicas)
+        return not self._closing and self.dead_reason is None
+
+    @property
+    def dead_reason(self) -> str | None:
+        """None while some replica is live; else why none can serve."""
+        if not self.replicas and not self._closing:
+            return f"no live engine replica (none reported within {STALE_S:g} s)"
+        return None
 
     def shutdown(self, timeout: float | None = None) -> None:
         if not self._closing:
@@ -157,7 +174,7 @@ class ReplicaPool:
 def merge_stats(parts: list[EngineStats]) -> EngineStats:
     """The replicas' EngineStats as one engine's: counts and totals add up, KV usage is blocks
     used over blocks total, the rolling acceptance is the mean of those that have one, and the
-    pool is healthy only when every replica is."""
+    pool is healthy only when it has replicas and every one of them is."""
     spec = SpecMetrics()
     for p in parts:
         spec.merge(p.spec)
@@ -171,4 +188,15 @@ def merge_stats(parts: list[EngineStats]) -> EngineStats:
         prefix_cache_hit_tokens=sum(p.prefix_cache_hit_tokens for p in parts),
         prompt_tokens_computed=sum(p.prompt_tokens_computed for p in parts), spec=spec,
         rolling_acceptance=sum(rolling) / len(rolling) if rolling else None,
-        healthy=all(p.healthy for p in parts))
+        healthy=bool(parts) and all(p.healthy for p in parts))
+
+
+async def _within(timeout_s: float, call):
+    """The items of a streaming call, each within `timeout_s` of the last (TimeoutError)."""
+    iterator = call.__aiter__()
+    while True:
+        try:
+            item = await asyncio.wait_for(iterator.__anext__(), timeout_s)
+        except StopAsyncIteration:
+            return
+        yield item

@@ -7,6 +7,9 @@
 // page shows exactly the streamed text even where a piece does not match (a character made of
 // several tokens, an end-of-sequence token): such tokens share one span.
 //
+// The answer is rendered as Markdown (`markdown.js`), every token span keeping its color; a
+// note under it says in words when drafting was off (k = 0) for some rounds or the whole answer.
+//
 // Rounds, from origins alone: the answer's first token comes from the prompt's prefill, not a
 // round; after it a round is its accepted drafts followed by one recovered, bonus or plain token
 // (a round cut short by a stop ends with its accepted drafts). Drafts verified in a round =
@@ -160,15 +163,18 @@
       figure.append(this.svg, this.caption);
       side.append(dl, figure);
       body.append(this.text, side);
+      this.note = el("p", "spec-note");
+      this.note.hidden = true;
       this.errorBox = el("p", "msg-error");
       this.errorBox.setAttribute("role", "alert");
       this.errorBox.hidden = true;
-      this.item.append(el("p", "who", "assistant"), body, this.errorBox);
+      this.item.append(el("p", "who", "assistant"), body, this.note, this.errorBox);
       log.append(this.item);
 
       this.content = "";        // the exact streamed text
       this.pending = "";        // streamed text not yet in a span
       this.queue = [];          // tokens not yet in a span: {origin, piece, logprob}
+      this.segments = [];       // the spans, in order: {text, origin, tokens, title, multi}
       this.counts = { accepted: 0, recovered: 0, bonus: 0, plain: 0 };
       this.numTokens = 0;
       this.seen = 0;            // tokens counted into rounds so far
@@ -233,12 +239,12 @@
       this.queue.splice(0, tokens.length);
       this.pending = this.pending.slice(text.length);
       const origin = tokens.length ? tokens[0].origin : "plain";
-      const node = el("span", `tok ${ORIGINS.includes(origin) ? origin : "plain"}`, text);
-      node.dataset.origin = tokens.map((t) => t.origin).join(" ") || "unknown";
-      if (tokens.length > 1) node.classList.add("multi");
-      node.title = tokens.map((t) => t.origin + (typeof t.logprob === "number"
-        ? ` (logprob ${t.logprob.toFixed(3)})` : "")).join(" + ") || "text without a token";
-      this.text.append(node);
+      this.segments.push({
+        text, origin: ORIGINS.includes(origin) ? origin : "plain",
+        tokens: tokens.map((t) => t.origin).join(" ") || "unknown", multi: tokens.length > 1,
+        title: tokens.map((t) => t.origin + (typeof t.logprob === "number"
+          ? ` (logprob ${t.logprob.toFixed(3)})` : "")).join(" + ") || "text without a token",
+      });
     }
 
     redraw() {
@@ -248,6 +254,8 @@
     }
 
     render() {
+      window.SpecserveMarkdown.render(this.text, this.segments);
+      this.renderNote();
       const c = this.cells;
       const fmt = (x, d) => (x === null || x === undefined || !Number.isFinite(x) ? "–" : x.toFixed(d));
       if (this.first !== null) c.ttft.textContent = `${fmt(this.first - this.start, 0)} ms`;
@@ -270,6 +278,25 @@
         c.mal.textContent = this.rounds.length ? `≈ ${fmt(emitted / this.rounds.length, 2)}` : "–";
       }
       this.renderChart();
+    }
+
+    // Drafting off, in words: for the request, for every round, or for some rounds (k = 0).
+    renderNote() {
+      const s = this.final;
+      const off = this.rounds.filter((r) => r.accepted === 0 && r.end === "plain").length;
+      const why = "the cost-aware policy expected the gain below the cost of drafting, the " +
+        "drafter had nothing to propose, or the answer's last token left no room for drafts";
+      let text = "";
+      if (s && s.enabled === false) {
+        text = "Drafting was off for this answer: speculation is disabled for this request " +
+          "(Settings → Mode, or a server started without speculation).";
+      } else if (this.rounds.length && off === this.rounds.length) {
+        text = `Drafting was off for the whole answer (k = 0 in all ${off} rounds): ${why}.`;
+      } else if (off) {
+        text = `Drafting was off in ${off} of ${this.rounds.length} rounds (k = 0): ${why}.`;
+      }
+      this.note.textContent = text;
+      this.note.hidden = !text;
     }
 
     renderChart() {

@@ -1,0 +1,172 @@
+"""Checkers for the benchmark's tasks (`specserve/bench/tasks/`): is a model's reply right?
+
+- arithmetic: the number on the last `Answer:` line (else the last number in the reply)
+  equals the answer within 1e-6 (thousands separators allowed: "1,200");
+- extraction: the first JSON object in the reply (a ```json fence allowed) has exactly the
+  expected keys; strings equal after trimming, collapsing spaces and case-folding; numbers
+  equal within 1e-6 (bools are not numbers); lists equal element by element;
+- code_edit: the module in the reply's first ``` block (else the whole reply) parses, and
+  each of the task's calls, run on it in a separate, isolated Python process with a time
+  limit, gives the expected `repr`; `exact` also records whether the module equals the
+  reference up to trailing spaces and blank lines at either end.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from specserve.bench.tasks import Task
+
+CALL_TIMEOUT_S = 10.0
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+FENCE = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)```", re.DOTALL)
+# runs in a fresh `python -I`: exec the module, evaluate each call, print the results' reprs
+HARNESS = """
+import json, sys
+job = json.load(sys.stdin)
+ns = {"__name__": "edited"}
+out = []
+try:
+    exec(compile(job["source"], "edited.py", "exec"), ns)
+except BaseException as e:
+    print(json.dumps({"error": "module raised " + type(e).__name__}))
+    raise SystemExit(0)
+for call in job["calls"]:
+    try:
+        out.append(repr(eval(call, ns)))
+    except BaseException as e:
+        out.append("raised " + type(e).__name__)
+print(json.dumps({"results": out}))
+"""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    correct: bool
+    reason: str  # why not, or "ok"
+    exact: bool | None = None  # code edits: the reply equals the reference module
+
+
+def check(task: Task, reply: str) -> Verdict:
+    """Judge one reply to one task."""
+    if task.kind == "arithmetic":
+        return check_number(reply, task.data["answer"])
+    if task.kind == "extraction":
+        return check_json(reply, task.data["answer"])
+    if task.kind == "code_edit":
+        return check_code(reply, task.data)
+    raise ValueError(f"task kind must be one of code_edit, arithmetic, extraction, got {task.kind!r}")
+
+
+# ---------------------------------------------------------------- arithmetic
+
+def final_number(reply: str) -> float | None:
+    """The number on the last `Answer:` line, else the last number in the reply."""
+    answers = re.findall(r"answer\s*[:=]\s*\**\s*\$?\s*(-?[\d.,]+)", reply, re.IGNORECASE)
+    candidates = answers or NUMBER.findall(reply)
+    for text in reversed(candidates):
+        text = text.replace(",", "").rstrip(".")
+        try:
+            return float(text)
+        except ValueError:
+            continue
+    return None
+
+
+def check_number(reply: str, answer: float) -> Verdict:
+    value = final_number(reply)
+    if value is None:
+        return Verdict(False, "no number in the reply")
+    if math.isclose(value, float(answer), rel_tol=0.0, abs_tol=1e-6):
+        return Verdict(True, "ok")
+    return Verdict(False, f"answered {value:g}, expected {answer:g}")
+
+
+# ---------------------------------------------------------------- extraction
+
+def first_json_object(reply: str) -> object | None:
+    """The first JSON object that decodes, scanning from each '{' of the reply."""
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"\{", reply):
+        try:
+            value, _ = decoder.raw_decode(reply, match.start())
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def same_value(got: object, want: object) -> bool:
+    if isinstance(want, bool) or isinstance(got, bool):
+        return isinstance(got, bool) and isinstance(want, bool) and got == want
+    if isinstance(want, (int, float)):
+        return isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=0, abs_tol=1e-6)
+    if isinstance(want, str):
+        return isinstance(got, str) and _norm(got) == _norm(want)
+    if isinstance(want, list):
+        return (isinstance(got, list) and len(got) == len(want)
+                and all(same_value(g, w) for g, w in zip(got, want)))
+    return got == want
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def check_json(reply: str, answer: dict) -> Verdict:
+    got = first_json_object(reply)
+    if got is None:
+        return Verdict(False, "no JSON object in the reply")
+    if set(got) != set(answer):
+        return Verdict(False, f"keys {sorted(got)}, expected {sorted(answer)}")
+    wrong = [k for k in answer if not same_value(got[k], answer[k])]
+    if wrong:
+        return Verdict(False, "wrong " + ", ".join(f"{k}={got[k]!r}" for k in wrong))
+    return Verdict(True, "ok")
+
+
+# ---------------------------------------------------------------- code edits
+
+def extract_code(reply: str) -> str:
+    match = FENCE.search(reply)
+    return match.group(1) if match else reply
+
+
+def normalize_code(code: str) -> str:
+    return "\n".join(line.rstrip() for line in code.strip("\n").splitlines()).strip("\n")
+
+
+def run_calls(source: str, calls: list[str]) -> dict:
+    """{"results": [repr per call]} or {"error": why}, from an isolated child interpreter."""
+    job = json.dumps({"source": source, "calls": calls})
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", HARNESS], input=job, text=True,
+                              capture_output=True, timeout=CALL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {CALL_TIMEOUT_S:g} s"}
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": f"the module crashed the interpreter (exit {done.returncode})"}
+
+
+def check_code(reply: str, task: dict) -> Verdict:
+    code = extract_code(reply)
+    exact = normalize_code(code) == normalize_code(task["reference"])
+    try:
+        ast.parse(code)
+    except SyntaxError as e:
+        return Verdict(False, f"does not parse: {e.msg} (line {e.lineno})", exact)
+    run = run_calls(code, task["calls"])
+    if "error" in run:
+        return Verdict(False, run["error"], exact)
+    wrong = [f"{c} -> {got} (expected {want})" for c, got, want
+             in zip(task["calls"], run["results"], task["expected"]) if got != want]
+    return Verdict(not wrong, "; ".join(wrong) or "ok", exact)

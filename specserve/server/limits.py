@@ -1,0 +1,74 @@
+"""`ServerLimits`: how much one request, one client and the whole server may ask for.
+
+Every bound the HTTP layer enforces lives here, with its default, so `build_app` and the
+`serve` flags share one declaration:
+
+- per request: `max_choices` (prompts × n, 400 beyond), `max_prompt_chars` (characters of
+  prompt text, counted before tokenizing, 400 beyond), `max_slot_share` (the share of the
+  engine's sequence slots one request may hold at once: n beyond it is a 400, a list of
+  prompts beyond it runs a few prompts at a time), `request_timeout` (seconds from admission
+  to the last token; None: none; beyond it the request is aborted with 504);
+- admission: `max_waiting` (sequences admitted beyond the engine's slots; a request that
+  would pass it gets 429 with `Retry-After: retry_after_s`);
+- text: `special_tokens_in_prompts` (False: the text of a special token in a prompt or a
+  message is text; True: it becomes the token, as the model's own tokenizer would do);
+- HTTP: `allowed_hosts` (the Host names served: loopback names by default, "*" for any),
+  `max_connections` (open connections; uvicorn answers 503 beyond), `keep_alive_s` (an idle
+  kept-alive connection is closed after it), `header_timeout_s` (a connection that has not
+  sent a request's headers in this time is closed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    max_choices: int = 16
+    max_prompt_chars: int = 1 << 20
+    max_slot_share: float = 0.5
+    request_timeout: float | None = None
+    max_waiting: int = 256
+    retry_after_s: int = 1
+    special_tokens_in_prompts: bool = False
+    allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS
+    max_connections: int = 512
+    keep_alive_s: float = 5.0
+    header_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_choices", "max_prompt_chars", "retry_after_s", "max_connections"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(self.max_waiting, bool) or not isinstance(self.max_waiting, int) \
+                or self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be an integer >= 0, got {self.max_waiting!r}")
+        if not 0 < self.max_slot_share <= 1:
+            raise ValueError(f"max_slot_share must be in (0, 1], got {self.max_slot_share!r}")
+        for name in ("request_timeout", "keep_alive_s", "header_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+        if not self.allowed_hosts or not all(isinstance(h, str) and h for h in self.allowed_hosts):
+            raise ValueError(f"allowed_hosts must be non-empty host names, got {self.allowed_hosts!r}")
+        object.__setattr__(self, "allowed_hosts", tuple(h.lower() for h in self.allowed_hosts))
+
+    def slots_per_request(self, max_num_seqs: int) -> int:
+        """Sequences one request may hold in the engine at once (at least one)."""
+        return max(1, math.floor(self.max_slot_share * max_num_seqs))
+
+    def allows_host(self, host_header: str) -> bool:
+        """Whether a request's Host header (port and all) names this server."""
+        if "*" in self.allowed_hosts:
+            return True
+        host = host_header.strip().lower()
+        if host.startswith("["):  # [::1]:8000
+            host = host[1:host.find("]")] if "]" in host else ""
+        elif host.count(":") == 1:
+            host = host.split(":", 1)[0]
+        return host in self.allowed_hosts

@@ -1,0 +1,102 @@
+"""A cheaper draft model: its vocabulary head computes only the most frequent tokens.
+
+A draft step of a small model reads its vocabulary head (vocab × hidden weights) every token:
+for a 150k-token vocabulary that is a large share of the step. A draft that only proposes
+tokens it can score does not need the rest: `restricted_head` is a head over
+the `keep` lowest token ids plus the tokenizer's added tokens (special tokens: end of turn,
+end of text). BPE vocabularies number their merges in the order they were learned, most
+frequent pairs first, so the lowest ids are the most frequent tokens (the byte tokens and
+common words); the rest get logit −inf, so the draft never proposes them.
+
+Lossless all the same: the verifier judges each draft against the distribution it was
+sampled from, and that distribution is the restricted one (zero outside the kept set); where
+the target wants a token the draft cannot propose, the residual max(0, p − q) gives it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specserve.models.transformer import Linear
+from specserve.weights.quant import NativeLinear, NativeWeights
+
+TILE = 16  # outputs per tile of the native 4- and 6-bit layouts
+
+
+class RestrictedHead:
+    """Logits `[rows, vocab]` from a head over the first `keep` ids and the `extra` ids; −inf
+    elsewhere."""
+
+    def __init__(self, first: object, extra_ids: torch.Tensor, extra: object, vocab: int) -> None:
+        self.first, self.extra, self.vocab = first, extra, vocab
+        self.extra_ids = extra_ids  # [n_extra] int64
+        self.keep = first.out_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # [rows, hidden]
+        out = flat.new_full((flat.shape[0], self.vocab), float("-inf"), dtype=torch.float32)
+        out[:, :self.keep] = self.first(flat).float()
+        if self.extra_ids.numel():
+            out[:, self.extra_ids] = self.extra(flat).float()
+        return out.reshape(*x.shape[:-1], self.vocab)
+
+
+def restricted_head(model, keep: int, extra_ids: list[int]) -> RestrictedHead | None:
+    """A head for `model` (a Transformer) over ids 0..keep−1 (rounded up to a tile) and
+    `extra_ids`, sharing the model's weights (the model is not changed: the draft's runner
+    passes the head to its passes); None when that covers the vocabulary or the head's
+    format is not one this slices."""
+    vocab = model.cfg.vocab_size
+    keep = min(vocab, -(-keep // TILE) * TILE)
+    extra = sorted({i for i in extra_ids if keep <= i < vocab})
+    head = model.lm_head
+    if keep + len(extra) >= vocab or not isinstance(head, (NativeLinear, Linear)):
+        return None
+    rows = torch.tensor(extra, dtype=torch.long)
+    return RestrictedHead(_first_rows(head, keep), rows, _float_rows(head, rows), vocab)
+
+
+def _first_rows(head, keep: int):
+    """The head's first `keep` outputs, in its own format (views of its weights)."""
+    if isinstance(head, NativeLinear):
+        w = head.w
+        if w.bits == 8:
+            part = dataclasses.replace(w, out_features=keep, qs=w.qs[:keep], sc=w.sc[:keep],
+                                       dsup=w.dsup[:keep])
+        else:
+            tiles = keep // TILE
+            part = dataclasses.replace(
+                w, out_features=keep, qs=w.qs[:tiles], sc=w.sc[:tiles], dsup=w.dsup[:tiles],
+                mins=w.mins[:tiles], dmin=w.dmin[:tiles],
+                qh=w.qh[:tiles] if w.qh is not None else None)
+        bias = head.bias[:keep] if head.bias is not None else None
+        return NativeLinear.from_weights(part, bias)
+    bias = head.bias[:keep] if getattr(head, "bias", None) is not None else None
+    return Linear(head.weight[:keep], bias)
+
+
+def _float_rows(head, rows: torch.Tensor) -> Linear:
+    """A float head over the `rows` ids: the head's own rows, dequantized."""
+    if isinstance(head, NativeLinear):
+        weight = _dequantized_rows(head.w, rows)
+    else:
+        weight = head.weight[rows]
+    bias = head.bias
+    return Linear(weight.float().contiguous(), bias[rows].float() if bias is not None else None)
+
+
+def _dequantized_rows(w: NativeWeights, rows: torch.Tensor) -> torch.Tensor:
+    """[len(rows), k] float32: rows of `w` dequantized, reading only the tiles holding them."""
+    if w.bits == 8:
+        part = dataclasses.replace(w, out_features=len(rows), qs=w.qs[rows], sc=w.sc[rows],
+                                   dsup=w.dsup[rows])
+        return part.dequantize()
+    tiles = torch.unique(rows // TILE)  # [n_tiles] ascending
+    pick = lambda a: a[tiles] if a is not None else None  # noqa: E731
+    part = dataclasses.replace(w, out_features=len(tiles) * TILE, qs=pick(w.qs), sc=pick(w.sc),
+                               dsup=pick(w.dsup), mins=pick(w.mins), dmin=pick(w.dmin),
+                               qh=pick(w.qh))
+    where = torch.searchsorted(tiles, rows // TILE) * TILE + rows % TILE  # [len(rows)]
+    return part.dequantize()[where]

@@ -1,0 +1,73 @@
+"""How often lookup drafts survive verification, learned online by match length.
+
+A lookup draft (suffix or prompt lookup) comes with a match length L (how many context tokens
+the occurrences it continues matched) and a confidence c_i per position (the share of those
+occurrences that voted for token i: 1 for prompt lookup). The chance that position i survives,
+given that the ones before it did, is modelled as
+
+    P(accept 1) = min(1, f_first(L) · c_1),   P(accept i | i − 1 kept) = min(1, f_next(L) · c_i),
+
+with f learned per match-length bucket (1, 2, 3–4, 5–8, 9–16, 17+) and per origin (this
+request's own text or the shared cache of earlier outputs): f = (accepted + w·prior) /
+(Σ c over the positions tried + w). A position is *tried* when every draft before it was
+accepted. The survival of position i is the product of the first i factors: the expected
+number of accepted drafts of a k-token prefix is the sum of the first k survivals.
+
+Acceptance is a property of the text and of the model pair, not of one request, so one table
+serves the whole engine; long matches are trusted more from their first round on (the priors
+rise with L), and a few rounds correct them.
+"""
+
+from __future__ import annotations
+
+BUCKET_ENDS = (1, 2, 4, 8, 16)  # bucket b holds L ≤ BUCKET_ENDS[b]; the last holds the rest
+FIRST_PRIOR = (0.15, 0.25, 0.4, 0.55, 0.7, 0.8)  # [bucket] prior of f_first
+NEXT_PRIOR = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9)  # [bucket] prior of f_next
+PRIOR_WEIGHT = 4.0  # pseudo-trials behind each prior
+
+
+def bucket(match_len: int) -> int:
+    """The match-length bucket of L."""
+    for b, end in enumerate(BUCKET_ENDS):
+        if match_len <= end:
+            return b
+    return len(BUCKET_ENDS)
+
+
+class MatchStats:
+    """[origin][bucket] → [Σc tried first, accepted first, Σc tried next, accepted next]."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self) -> None:
+        self._counts = [[[0.0, 0, 0.0, 0] for _ in FIRST_PRIOR] for _ in range(2)]
+
+    def factors(self, match_len: int, from_cache: bool) -> tuple[float, float]:
+        """(f_first, f_next) for a match of length `match_len`."""
+        b = bucket(match_len)
+        tried1, acc1, tried2, acc2 = self._counts[from_cache][b]
+        first = (acc1 + PRIOR_WEIGHT * FIRST_PRIOR[b]) / (tried1 + PRIOR_WEIGHT)
+        following = (acc2 + PRIOR_WEIGHT * NEXT_PRIOR[b]) / (tried2 + PRIOR_WEIGHT)
+        return first, following
+
+    def survival(self, confidence: list[float], match_len: int, from_cache: bool
+                 ) -> list[float]:
+        """[len(confidence)] P(positions 1..i all accepted), non-increasing."""
+        first, following = self.factors(match_len, from_cache)
+        out, reach = [], 1.0
+        for i, c in enumerate(confidence):
+            reach *= min(1.0, (first if i == 0 else following) * c)
+            out.append(reach)
+        return out
+
+    def observe(self, confidence: list[float], match_len: int, from_cache: bool,
+                num_accepted: int) -> None:
+        """A round verified the first len(confidence) tokens of a lookup draft."""
+        if not confidence:
+            return
+        counts = self._counts[from_cache][bucket(match_len)]
+        counts[0] += confidence[0]
+        counts[1] += num_accepted >= 1
+        for i in range(1, min(num_accepted + 1, len(confidence))):  # tried: all before kept
+            counts[2] += confidence[i]
+            counts[3] += num_accepted > i

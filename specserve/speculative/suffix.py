@@ -1,0 +1,218 @@
+"""Suffix drafting: continue the text the way earlier copies of its last tokens continued,
+in this request (prompt + output so far) and in the outputs of earlier requests.
+
+Text that quotes, edits or summarises its prompt repeats itself, and so do a server's
+answers to similar requests (the same tool-call JSON, the same boilerplate); prompt lookup
+(vLLM's `ngram`) uses the first, suffix decoding (vLLM's `suffix`, after Oliaro et al.,
+"SuffixDecoding", 2024) both. Here:
+
+1. **Match.** Find the longest suffix of the context (up to `max_match` tokens) that occurred
+   before: in the sequence's own tokens (every earlier end, by one vectorised comparison per
+   length, as `ngram.find_ngram_draft`) and in the shared `SuffixCache` of earlier outputs
+   (an index from each `key_len`-gram to its most recent ends, each extended backwards to its
+   true match length). Every occurrence of the longest length found is a *candidate*.
+2. **Continue by vote.** Position by position, the candidates still agreeing with the draft
+   so far vote with the token that followed them; the most frequent wins (ties: the most
+   recent occurrence), and its share of the votes is that position's *confidence* c_i. A
+   candidate that disagrees or runs out of text drops out; the draft ends when none is left,
+   at `max_draft` tokens, or when the product of confidences falls below `min_confidence`.
+   So a long, unanimous match drafts long and a short, contested one drafts little or nothing.
+3. **Learn.** The shared cache takes each finished request's output (least recently used
+   requests evicted past `max_tokens`, so its memory is bounded).
+
+The drafter is deterministic (one-hot proposals). How many of a candidate's tokens are worth
+verifying is not decided here: the controller prices them (`controller.py`) from the
+confidences and the acceptance it measures per match length.
+
+E.g. context [a b c d x a b c], no cache: the longest earlier suffix is [a b c] (length 3,
+ending at position 2); the draft is [d x a b c][:max_draft] with every c_i = 1.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict, deque
+import numpy as np
+
+from specserve.speculative.candidate import NO_CANDIDATE, Candidate, TokenBuffer
+
+DEFAULT_MAX_MATCH = 32  # longest context suffix matched (longer matches are not told apart)
+DEFAULT_MAX_DRAFT = 16  # longest draft proposed
+DEFAULT_MIN_CONFIDENCE = 0.1  # a draft stops where the product of its confidences falls below
+DEFAULT_CACHE_TOKENS = 1 << 18  # output tokens the shared cache keeps (about 40 MB)
+KEY_LEN = 3  # tokens of the cache's index keys: a cross-request match is at least this long
+MAX_ENDS_PER_KEY = 8  # most recent ends kept per index key
+MAX_CANDIDATES = 16  # occurrences that vote, most recent first
+
+
+
+
+class SuffixCache:
+    """Earlier requests' outputs, bounded by `max_tokens`, shared by every sequence.
+
+    `docs` maps a document id to its tokens (int64 array), least recently used first; `index`
+    maps each `KEY_LEN`-gram to up to `MAX_ENDS_PER_KEY` (doc id, end position) pairs, newest
+    last. An evicted document's index entries are dropped lazily (a lookup skips ids no longer
+    in `docs`), and an index key whose entries all went is deleted when a lookup finds it so.
+    """
+
+    def __init__(self, max_tokens: int = DEFAULT_CACHE_TOKENS) -> None:
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.docs: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.index: dict[tuple[int, ...], deque[tuple[int, int]]] = {}
+        self.num_tokens = 0
+        self._next_id = 0
+
+    def clear(self) -> None:
+        """Forget every output (a benchmark's calls each start from an empty cache)."""
+        self.docs.clear()
+        self.index.clear()
+        self.num_tokens = 0
+
+    def add(self, tokens: list[int]) -> None:
+        """Keep `tokens` (a finished output); evict the least recently used past the bound."""
+        if len(tokens) <= KEY_LEN or len(tokens) > self.max_tokens:
+            return
+        doc, arr = self._next_id, np.asarray(tokens, dtype=np.int64)
+        self._next_id += 1
+        self.docs[doc] = arr
+        self.num_tokens += len(arr)
+        for end in range(KEY_LEN - 1, len(tokens) - 1):  # an end with a token after it
+            key = tuple(tokens[end - KEY_LEN + 1:end + 1])
+            self.index.setdefault(key, deque(maxlen=MAX_ENDS_PER_KEY)).append((doc, end))
+        while self.num_tokens > self.max_tokens:
+            self._evict()
+
+    def _evict(self) -> None:
+        """Drop the least recently used document and its index entries."""
+        doc, arr = self.docs.popitem(last=False)
+        self.num_tokens -= len(arr)
+        tokens = arr.tolist()
+        for end in range(KEY_LEN - 1, len(tokens) - 1):
+            key = tuple(tokens[end - KEY_LEN + 1:end + 1])
+            ends = self.index.get(key)
+            if ends is None:
+                continue
+            kept = [e for e in ends if e[0] != doc]
+            if kept:
+                ends.clear()
+                ends.extend(kept)
+            else:
+                del self.index[key]
+
+    def occurrences(self, context: np.ndarray, max_match: int) -> list[tuple[int, np.ndarray, int]]:
+        """(match length, document, end) of the cached occurrences of the context's last
+        `KEY_LEN` tokens, most recent first, each extended backwards up to `max_match`."""
+        if len(context) < KEY_LEN:
+            return []
+        key = tuple(context[-KEY_LEN:].tolist())
+        ends = self.index.get(key)
+        if not ends:
+            return []
+        found = []
+        for doc, end in reversed(ends):
+            arr = self.docs[doc]
+            self.docs.move_to_end(doc)  # used: the last to be evicted
+            found.append((_match_back(context, arr, end, max_match), arr, end))
+        return found
+
+
+def _match_back(context: np.ndarray, arr: np.ndarray, end: int, max_match: int) -> int:
+    """How many trailing context tokens equal `arr[..end]` (at most `max_match`)."""
+    n = min(max_match, len(context), end + 1)
+    tail, there = context[len(context) - n:], arr[end + 1 - n:end + 1]
+    differ = np.flatnonzero(tail[::-1] != there[::-1])
+    return int(differ[0]) if differ.size else n
+
+
+def _self_matches(arr: np.ndarray, max_match: int) -> tuple[int, np.ndarray]:
+    """(n, ends): the longest n ≤ `max_match` such that the last n tokens also end at earlier
+    positions, and those ends (ascending; every end has a token after it). (0, []) if none."""
+    length = arr.shape[0]
+    if length < 2:
+        return 0, np.empty(0, dtype=np.int64)
+    match = arr[:length - 1] == arr[length - 1]  # [length - 1] an occurrence ending at i
+    best_n, best = 0, match
+    for n in range(1, min(max_match, length - 1) + 1):
+        if n > 1:  # [length - n] ends n - 1..length - 2
+            match = match[1:] & (arr[:length - n] == arr[length - n])
+        if not match.any():
+            break
+        best_n, best = n, match
+    if best_n == 0:
+        return 0, np.empty(0, dtype=np.int64)
+    return best_n, np.flatnonzero(best) + best_n - 1
+
+
+def vote(continuations: list[np.ndarray], max_draft: int, min_confidence: float
+         ) -> tuple[list[int], list[float]]:
+    """The voted draft over `continuations` (most recent first) and each position's share."""
+    alive = list(range(len(continuations)))
+    tokens: list[int] = []
+    confidence: list[float] = []
+    reach = 1.0
+    for i in range(max_draft):
+        alive = [c for c in alive if len(continuations[c]) > i]
+        if not alive:
+            break
+        counts = Counter(int(continuations[c][i]) for c in alive)
+        top = max(counts.values())
+        token = next(int(continuations[c][i]) for c in alive
+                     if counts[int(continuations[c][i])] == top)  # ties: the most recent
+        share = top / len(alive)
+        reach *= share
+        if reach < min_confidence:
+            break
+        tokens.append(token)
+        confidence.append(share)
+        alive = [c for c in alive if int(continuations[c][i]) == token]
+    return tokens, confidence
+
+
+class SuffixDrafter:
+    """Per-sequence token buffers plus the shared `SuffixCache` (None: this request only).
+
+    `candidate(seq)` is the voted draft for the sequence's current context; the engine's
+    controller decides how much of it to verify. `finish(seq)` gives the sequence's output to
+    the shared cache."""
+
+    def __init__(self, cache: SuffixCache | None = None, max_match: int = DEFAULT_MAX_MATCH,
+                 max_draft: int = DEFAULT_MAX_DRAFT,
+                 min_confidence: float = DEFAULT_MIN_CONFIDENCE, min_match: int = 1) -> None:
+        for name, value in (("max_match", max_match), ("max_draft", max_draft),
+                            ("min_match", min_match)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if not 0.0 <= min_confidence <= 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1], got {min_confidence}")
+        self.cache, self.max_match, self.max_draft = cache, max_match, max_draft
+        self.min_confidence, self.min_match = min_confidence, min_match
+        self._buffers: dict[int, TokenBuffer] = {}
+
+    def candidate(self, seq, max_draft: int | None = None) -> Candidate:
+        """The voted draft following `seq.token_ids` (at most `max_draft` tokens)."""
+        limit = self.max_draft if max_draft is None else min(max_draft, self.max_draft)
+        if limit <= 0:
+            return NO_CANDIDATE
+        arr = self._buffers.setdefault(seq.seq_id, TokenBuffer()).sync(seq.token_ids)
+        n, ends = _self_matches(arr, self.max_match)
+        voters = [(n, arr, int(e)) for e in ends[::-1][:MAX_CANDIDATES]]
+        cached = self.cache.occurrences(arr, self.max_match) if self.cache is not None else []
+        best = max([n] + [m for m, _, _ in cached])
+        if best < self.min_match:
+            return NO_CANDIDATE
+        voters = [v for v in voters if v[0] == best]
+        from_cache = [v for v in cached if v[0] == best]
+        pool = (voters + from_cache)[:MAX_CANDIDATES]
+        continuations = [src[end + 1:end + 1 + limit] for _, src, end in pool]
+        tokens, confidence = vote(continuations, limit, self.min_confidence)
+        if not tokens:
+            return NO_CANDIDATE
+        return Candidate(tokens, confidence, best, bool(from_cache))
+
+    def finish(self, seq, keep: bool = True) -> None:
+        """The sequence left: its buffer goes, and (if `keep`) its output joins the cache."""
+        self._buffers.pop(seq.seq_id, None)
+        if keep and self.cache is not None:
+            self.cache.add(seq.token_ids[seq.prompt_len:])

@@ -1,0 +1,213 @@
+"""The speculation controller's choices, on stubbed timings and acceptances (table tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve.engine.outputs import SpeculationOverride
+from specserve.speculative.candidate import Candidate
+from specserve.speculative.config import SpeculativeConfig
+from specserve.speculative.controller import LOOKUP, MODEL, SpeculationController
+from specserve.speculative.cost_model import CostModel
+from specserve.speculative.drafter import Proposal
+from specserve.speculative.metrics import SpecMetrics
+
+MEMORY_BOUND = {k: 0.050 + 0.001 * k for k in range(17)}  # extra rows nearly free
+COMPUTE_BOUND = {k: 0.050 * (k + 1) for k in range(17)}  # every row a decode step's worth
+MODERATE = {k: 0.050 * (1 + 0.1 * k) for k in range(17)}  # a row: 10% of a decode step
+
+
+class Seq:
+    def __init__(self, seq_id: int, left: int = 100) -> None:
+        self.seq_id, self.token_ids, self.prompt_len, self.left = seq_id, [1, 2, 3], 3, left
+        self.metrics = SpecMetrics()
+
+    def tokens_left(self) -> int:
+        return self.left
+
+
+class Lookup:
+    """A lookup source with a scripted candidate per sequence id."""
+
+    def __init__(self, candidates: dict[int, Candidate]) -> None:
+        self.candidates = candidates
+
+    def candidate(self, seq, limit: int) -> Candidate:
+        c = self.candidates.get(seq.seq_id, Candidate([], [], 0))
+        return Candidate(c.tokens[:limit], c.confidence[:limit], c.match_len, c.from_cache)
+
+    def finish(self, seq, keep: bool = True) -> None:
+        pass
+
+
+class Model:
+    """A draft model that is always ready and drafts token 7."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[int]] = []
+
+    def ready(self, seq) -> bool:
+        return True
+
+    def started(self, seq) -> bool:
+        return True
+
+    def pending(self) -> bool:
+        return False
+
+    def start(self, seq) -> None:
+        pass
+
+    def finish(self, seq) -> None:
+        pass
+
+    def commit(self, seq, num_accepted: int, old_len: int) -> None:
+        pass
+
+    def propose(self, seqs, ks):
+        self.asked.append(list(ks))
+        return [Proposal([7] * k, None) for k in ks]
+
+
+def cost(verify: dict[int, float], draft_step: float = 0.01) -> CostModel:
+    model = CostModel()
+    model.seed(draft_step, verify, draft_prefill_s=0.001)
+    return model
+
+
+def long_match(n: int = 16) -> Candidate:
+    return Candidate(list(range(10, 10 + n)), [1.0] * n, 20)  # a 20-token match: trusted
+
+
+def weak_match(n: int = 4) -> Candidate:
+    return Candidate(list(range(10, 10 + n)), [0.5] * n, 1)  # one token matched, votes split
+
+
+def controller(verify, candidates, model=None, **config) -> SpeculationController:
+    spec = SpeculativeConfig(method="hybrid" if model else "suffix",
+                             model="draft" if model else None,
+                             num_speculative_tokens=config.pop("k", -1), **config)
+    return SpeculationController(spec, cost(verify), Lookup(candidates), model)
+
+
+def plan(ctrl: SpeculationController, seqs: list[Seq], overrides=None) -> list[int]:
+    for i, seq in enumerate(seqs):
+        ctrl.add(seq, (overrides or {}).get(i))
+    ks = ctrl.plan(seqs)
+    return [ks[s.seq_id] for s in seqs]
+
+
+@pytest.mark.parametrize(("verify", "candidate", "expected"), [
+    (MEMORY_BOUND, long_match(), 16),  # cheap rows, a trusted match: draft it all
+    (MEMORY_BOUND, weak_match(), 1),  # rows at 2%: a 7% chance pays for one row, not more
+    (MODERATE, weak_match(), 0),  # rows at 10%: a hopeless draft is not worth them
+    (COMPUTE_BOUND, weak_match(), 0),
+    (COMPUTE_BOUND, Candidate([], [], 0), 0),  # nothing to draft
+])
+def test_one_sequence_drafts_what_pays(verify, candidate, expected):
+    assert plan(controller(verify, {0: candidate}), [Seq(0)]) == [expected]
+
+
+def test_costly_rows_shorten_a_good_draft():
+    costly = {k: 0.050 * (1 + 0.3 * k) for k in range(17)}  # a row: 30% of a decode step
+    ks = plan(controller(costly, {0: long_match()}), [Seq(0)])
+    assert 0 < ks[0] < 16  # only the positions likeliest to survive are worth their row
+    assert plan(controller(COMPUTE_BOUND, {0: long_match()}), [Seq(0)]) == [0]
+
+
+def test_a_busy_step_spends_its_rows_on_the_drafts_most_likely_to_survive():
+    # four sequences, each row at 30% of a decode step: the trusted match drafts, the weak
+    # ones do not, although alone a weak one may still pay at memory-bound cost
+    verify = {k: 0.050 + 0.015 * k for k in range(64)}
+    ctrl = controller(verify, {0: weak_match(), 1: long_match(8), 2: weak_match(), 3: weak_match()})
+    ks = plan(ctrl, [Seq(i) for i in range(4)])
+    assert ks[1] > 0 and ks[0] == ks[2] == ks[3] == 0
+
+
+def test_draft_lengths_are_bounded_by_the_tokens_left_and_the_bonus():
+    assert plan(controller(MEMORY_BOUND, {0: long_match()}), [Seq(0, left=6)]) == [5]
+    assert plan(controller(MEMORY_BOUND, {0: long_match()}), [Seq(0, left=1)]) == [0]
+
+
+def test_a_fixed_k_is_taken_as_asked_and_the_budget_does_not_trim_it():
+    ks = plan(controller(COMPUTE_BOUND, {0: weak_match()}, k=3), [Seq(0)])
+    assert ks == [3]
+
+
+def test_disable_by_batch_size_turns_drafting_off_for_the_whole_step():
+    ctrl = controller(MEMORY_BOUND, {0: long_match(), 1: long_match()}, disable_by_batch_size=2)
+    assert plan(ctrl, [Seq(0), Seq(1)]) == [0, 0]
+    assert ctrl.state(Seq(0)).reason == "batch_limit"
+
+
+def test_a_request_can_turn_speculation_off_or_fix_its_k():
+    ctrl = controller(MEMORY_BOUND, {0: long_match(), 1: long_match(), 2: long_match()})
+    ks = plan(ctrl, [Seq(0), Seq(1), Seq(2)], {0: SpeculationOverride(enabled=False),
+                                                 1: SpeculationOverride(num_speculative_tokens=2)})
+    assert ks[0] == 0 and ks[1] == 2 and ks[2] == 16
+    assert ctrl.state(Seq(0)).reason == "off"
+
+
+def test_the_draft_model_is_used_only_where_the_lookup_does_not_pay():
+    model = Model()
+    ctrl = controller(MEMORY_BOUND, {0: long_match()}, model=model)
+    seqs = [Seq(0), Seq(1)]  # 0 has a trusted match, 1 has none
+    for seq in seqs:
+        ctrl.add(seq)
+        ctrl.state(seq).policy.prior_mean = 0.9  # a draft model that agrees a lot
+    ks = ctrl.plan(seqs)
+    assert ks[0] > 0 and ks[1] > 0
+    assert ctrl.state(seqs[0]).source == LOOKUP and ctrl.state(seqs[1]).source == MODEL
+    proposals = ctrl.propose(seqs, [ks[0], ks[1]])
+    assert proposals[0].tokens == list(range(10, 10 + ks[0]))  # the lookup's tokens
+    assert proposals[1].tokens == [7] * ks[1]  # the model's
+    assert model.asked == [[0, ks[1]]]  # the model ran for sequence 1 only
+
+
+def test_a_sequence_that_drafts_nothing_never_runs_the_draft_model():
+    model = Model()
+    ctrl = controller(COMPUTE_BOUND, {}, model=model)
+    seqs = [Seq(0)]
+    ctrl.add(seqs[0])
+    ctrl.state(seqs[0]).policy.prior_mean = 0.2  # it would not pay
+    ks = ctrl.plan(seqs)
+    assert ks == {0: 0}
+    assert ctrl.propose(seqs, [0])[0].k == 0 and model.asked == []
+
+
+def test_lookup_acceptance_is_learned_per_match_length():
+    ctrl = controller(MODERATE, {0: Candidate([5, 6, 7, 8], [1.0] * 4, 2)})
+    seq = Seq(0)
+    ctrl.add(seq)
+    before = ctrl.stats.survival([1.0] * 4, 2, False)
+    assert ctrl.plan([seq])[0] > 0  # the prior trusts a 2-token match enough at first
+    for _ in range(20):  # every draft rejected at once
+        ks = ctrl.plan([seq])
+        proposal = ctrl.propose([seq], [ks[0]])[0]
+        if not proposal.k:
+            break
+        ctrl.commit(seq, proposal, 0, len(seq.token_ids))
+    after = ctrl.stats.survival([1.0] * 4, 2, False)
+    assert after[0] < before[0] and ctrl.plan([seq]) == {0: 0}
+    assert seq.metrics.sources["suffix"][2] == 0  # recorded: drafted, none accepted
+    assert ctrl.stats.survival([1.0] * 4, 20, False) == before_long(ctrl)
+
+
+def before_long(ctrl: SpeculationController) -> list[float]:
+    """Another match-length bucket is untouched by what the short matches taught."""
+    from specserve.speculative.match_stats import MatchStats
+
+    return MatchStats().survival([1.0] * 4, 20, False)
+
+
+def test_sources_and_idle_reasons_are_reported_per_sequence():
+    ctrl = controller(MEMORY_BOUND, {0: long_match()})
+    seq, other = Seq(0), Seq(1)
+    ks = plan(ctrl, [seq, other])
+    proposals = ctrl.propose([seq, other], [ks[0], ks[1]])
+    ctrl.commit(seq, proposals[0], 3, len(seq.token_ids))
+    ctrl.commit(other, proposals[1], 0, len(other.token_ids))
+    assert seq.metrics.by_source == {"suffix": {"rounds": 1, "drafted": 16, "accepted": 3,
+                                                "acceptance_rate": 3 / 16}}
+    assert other.metrics.idle == {"no_match": 1}
+    assert MODEL not in seq.metrics.sources

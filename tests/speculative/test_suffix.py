@@ -1,0 +1,116 @@
+"""Suffix drafting: matches in the request and in the shared cache, votes, eviction, bounds."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from specserve.speculative.suffix import KEY_LEN, SuffixCache, SuffixDrafter, vote
+
+
+def seq(seq_id: int, tokens: list[int], prompt_len: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(seq_id=seq_id, token_ids=list(tokens), prompt_len=prompt_len)
+
+
+def test_the_longest_earlier_suffix_is_continued():
+    drafter = SuffixDrafter()
+    got = drafter.candidate(seq(0, [1, 2, 3, 4, 9, 1, 2, 3]))
+    assert got.tokens == [4, 9, 1, 2, 3] and got.match_len == 3
+    assert got.confidence == [1.0] * 5 and not got.from_cache
+
+
+def test_no_earlier_occurrence_gives_no_candidate():
+    assert SuffixDrafter().candidate(seq(0, [1, 2, 3, 4, 5])).tokens == []
+    assert SuffixDrafter().candidate(seq(0, [7])).tokens == []
+
+
+def test_occurrences_vote_and_the_share_is_the_confidence():
+    # "1 2" is followed by 3, 3, 3 and then 4: the longest match is "1 2" (length 2; "x 1 2"
+    # never recurs), three of four voters say 3; those three then agree on 5 for the next.
+    tokens = [1, 2, 3, 5, 0, 1, 2, 3, 5, 6, 1, 2, 4, 8, 7, 1, 2, 3, 5, 9, 1, 2]
+    got = SuffixDrafter(min_confidence=0.0).candidate(seq(0, tokens))
+    assert got.match_len == 2
+    assert got.tokens[:2] == [3, 5]
+    assert got.confidence[:2] == [pytest.approx(3 / 4), 1.0]
+
+
+def test_vote_ties_go_to_the_most_recent_occurrence_and_stop_below_min_confidence():
+    recent, old = np.array([7, 1]), np.array([8, 1])
+    assert vote([recent, old], 4, 0.0) == ([7, 1], [0.5, 1.0])
+    assert vote([recent, old], 4, 0.6) == ([], [])  # 0.5 < 0.6 at the first position
+    # the product of shares decides: 1, then 2/3, then 1/2 → stops once below 0.4
+    a, b, c = np.array([1, 2, 3, 4]), np.array([1, 2, 5, 4]), np.array([1, 6, 3, 4])
+    tokens, shares = vote([a, b, c], 4, 0.4)
+    assert tokens == [1, 2] and shares == [1.0, pytest.approx(2 / 3)]
+
+
+def test_a_long_match_drafts_long_and_max_draft_caps_it():
+    text = list(range(40))
+    got = SuffixDrafter(max_draft=16).candidate(seq(0, text + text[:10]))
+    assert got.tokens == list(range(10, 26)) and got.match_len == 10
+
+
+def test_a_second_request_drafts_from_the_first_ones_output():
+    cache = SuffixCache()
+    drafter = SuffixDrafter(cache)
+    first = seq(0, [100, 101] + [5, 6, 7, 8, 9, 10, 11, 12], prompt_len=2)
+    drafter.finish(first)  # completed: its output joins the cache
+    second = seq(1, [200, 201, 5, 6, 7], prompt_len=2)
+    got = drafter.candidate(second)
+    assert got.tokens == [8, 9, 10, 11, 12] and got.from_cache and got.match_len == 3
+    # an aborted request's output is not kept
+    drafter.finish(seq(2, [1, 30, 31, 32, 33, 34], prompt_len=1), keep=False)
+    assert drafter.candidate(seq(3, [30, 31, 32])).tokens == []
+
+
+def test_the_cache_evicts_least_recently_used_outputs_past_its_bound():
+    cache = SuffixCache(max_tokens=12)
+    cache.add([1, 2, 3, 4, 5, 6])
+    cache.add([11, 12, 13, 14, 15, 16])
+    assert cache.num_tokens == 12
+    context = np.array([9, 1, 2, 3])
+    assert cache.occurrences(context, 8)  # uses the first output: now the most recent
+    cache.add([21, 22, 23, 24, 25, 26])  # evicts the least recently used: the second
+    assert cache.num_tokens == 12 and len(cache.docs) == 2
+    assert not cache.occurrences(np.array([11, 12, 13]), 8)
+    assert cache.occurrences(np.array([1, 2, 3]), 8)
+    # the evicted output's index entries went with it: memory follows the tokens kept
+    assert all(doc in cache.docs for ends in cache.index.values() for doc, _ in ends)
+    assert sum(len(e) for e in cache.index.values()) <= cache.num_tokens
+
+
+def test_memory_stays_bounded_under_a_stream_of_outputs():
+    rng = np.random.default_rng(0)
+    cache = SuffixCache(max_tokens=2000)
+    for _ in range(300):
+        cache.add(rng.integers(0, 50, int(rng.integers(5, 60))).tolist())
+        assert cache.num_tokens <= 2000
+    entries = sum(len(e) for e in cache.index.values())
+    assert entries <= cache.num_tokens  # one entry per kept token at most
+    assert all(doc in cache.docs for ends in cache.index.values() for doc, _ in ends)
+
+
+def test_outputs_too_short_for_a_key_or_too_long_for_the_cache_are_not_kept():
+    cache = SuffixCache(max_tokens=10)
+    cache.add([1] * KEY_LEN)
+    cache.add(list(range(11)))
+    assert cache.num_tokens == 0 and not cache.index
+
+
+def test_cache_matches_are_extended_backwards_and_the_longest_wins():
+    cache = SuffixCache()
+    cache.add([1, 2, 3, 4, 5, 50])  # "3 4 5" after "1 2": match length 5
+    cache.add([9, 3, 4, 5, 60, 61])  # "3 4 5" after "9": match length 3
+    got = SuffixDrafter(cache).candidate(seq(0, [1, 2, 3, 4, 5]))
+    assert got.match_len == 5 and got.tokens == [50]
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="max_draft"):
+        SuffixDrafter(max_draft=0)
+    with pytest.raises(ValueError, match="min_confidence"):
+        SuffixDrafter(min_confidence=1.5)
+    with pytest.raises(ValueError, match="max_tokens"):
+        SuffixCache(max_tokens=-1)
