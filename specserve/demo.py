@@ -1,11 +1,12 @@
-"""`specserve demo`: the cost-aware default against target-only decoding on two workloads.
+"""`specserve demo`: the default speculation against target-only decoding on two workloads.
 
 A code edit (the answer repeats most of the prompt's code: drafts are accepted and speculation
-pays) and a short open question (free text: the policy drafts little or steps aside). Each runs
-greedily with the target alone and with the default speculation (the draft model, k chosen by
-the cost-aware policy each round), on one loaded pair; the report gives decode speed, the
-speedup, whether the greedy outputs are identical, and where the speculative answer's tokens
-came from (accepted drafts, recovered, bonus, plain decoding) with the k the policy chose.
+pays) and a short open question (free text: the controller drafts little or steps aside).
+Each runs greedily with the target alone and with the default speculation (hybrid: suffix
+drafting and the draft model, source and k chosen by the speculation controller each round),
+on one loaded pair; the report gives decode speed, the speedup, whether the greedy outputs are
+identical, where the speculative answer's tokens came from (accepted drafts, recovered,
+bonus, plain decoding), what each source drafted, and why rounds drafted nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ CODE_EDIT = ("Rename the variable `total` to `running_sum` in this function and 
 OPEN_QUESTION = "In two sentences: why do programmers write tests?"
 WORKLOADS = (("code edit", CODE_EDIT), ("open question", OPEN_QUESTION))
 ORIGINS = ("accepted", "recovered", "bonus", "plain")
+IDLE_WORDS = {"no_match": "with no earlier text to continue", "did_not_pay":
+              "where drafting did not pay (expected gain below cost)",
+              "batch_limit": "at the batch limit", "draft_starting": "while the draft started",
+              "no_room": "with no room left", "off": "with speculation off"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +43,7 @@ class Comparison:
         hist = " ".join(f"k={k}:{n}" for k, n in sorted(s.spec.k_histogram.items()))
         out = [f"## {self.name}: {s.num_output_tokens} tokens",
                f"   target-only  {_tps(p)} tokens/s",
-               f"   cost-aware   {_tps(s)} tokens/s"]
+               f"   hybrid       {_tps(s)} tokens/s"]
         if p.decode_tokens_per_s and s.decode_tokens_per_s:
             same = "identical" if p.token_ids == s.token_ids else "DIFFERENT"
             out.append(f"   speedup {s.decode_tokens_per_s / p.decode_tokens_per_s:.2f}x "
@@ -47,7 +52,13 @@ class Comparison:
         drafted = s.spec.drafted
         out.append(f"   rounds {s.spec.rounds}, k chosen [{hist}]" + (
             f", acceptance {s.spec.acceptance_rate:.0%}" if drafted else
-            ": the policy drafted nothing (expected gain below cost)"))
+            ": nothing was drafted"))
+        for name, v in s.spec.by_source.items():
+            out.append(f"   {name}: {v['drafted']} drafted in {v['rounds']} rounds, "
+                       f"{v['accepted']} accepted")
+        if s.spec.idle:
+            out.append("   rounds without drafts: " + ", ".join(
+                f"{n} {IDLE_WORDS.get(k, k)}" for k, n in sorted(s.spec.idle.items())))
         return out
 
 
@@ -70,7 +81,7 @@ def run(target_name: str, draft_name: str, dtype: str, weights: str, max_tokens:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     plain_llm = LLM(target)
     spec_llm = LLM(target, draft=draft, speculative_config={
-        "method": "draft_model", "model": draft_name,
+        "method": "hybrid", "model": draft_name,
         "num_speculative_tokens": num_speculative_tokens})
     results = []
     for name, prompt in prompts:

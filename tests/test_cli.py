@@ -48,12 +48,12 @@ def test_generate_reads_prompt_from_file_and_stdin(model_dir, tmp_path, capsys, 
     assert "tokens/s" in capsys.readouterr().err
 
 
-def test_demo_runs_both_workloads_target_only_and_cost_aware(model_dir, capsys):
+def test_demo_runs_both_workloads_target_only_and_hybrid(model_dir, capsys):
     assert main(["demo", "--model", model_dir, "--draft-model", model_dir, "--dtype", "float32",
                  "--max-tokens", "6"]) == 0
     out = capsys.readouterr().out
     assert "## code edit" in out and "## open question" in out
-    assert out.count("target-only") == out.count("cost-aware") == 2
+    assert out.count("target-only") == out.count("hybrid ") == 2
     assert out.count("identical") == 2 and "DIFFERENT" not in out  # lossless greedy
     assert out.count("tokens by source: ") == 2 and out.count("k chosen [") == 2
 

@@ -133,6 +133,15 @@ class Usage(_Out):
     total_tokens: int
 
 
+class SourceStats(_Out):
+    """What one drafting source contributed to a request."""
+
+    rounds: int
+    drafted: int
+    accepted: int
+    acceptance_rate: float | None
+
+
 class SpeculativeStats(_Out):
     """One request's speculative decoding, summed over its `n` completions."""
 
@@ -146,6 +155,12 @@ class SpeculativeStats(_Out):
     realised_tv: float | None = Field(description="mean total variation TV(pi, p) actually spent per "
                                                   "verified draft position (0 when lossless)")
     per_position_acceptance: list[float] = Field(default_factory=list)
+    by_source: dict[str, SourceStats] = Field(
+        default_factory=dict, description="per drafting source (suffix, ngram, draft_model): "
+                                          "rounds it drafted, tokens drafted and accepted")
+    idle_rounds: dict[str, int] = Field(
+        default_factory=dict, description="rounds that drafted nothing, by reason: off, no_room, "
+                                          "no_match, did_not_pay, batch_limit, draft_starting")
 
 
 class ModelCard(_Out):

@@ -167,4 +167,5 @@ def speculative_stats(completions: list[CompletionOutput], enabled: bool) -> dic
             "accepted": total.accepted, "emitted": total.emitted,
             "acceptance_rate": total.acceptance_rate,
             "mean_acceptance_length": total.mean_acceptance_length, "realised_tv": total.mean_tv,
-            "per_position_acceptance": total.per_position_acceptance}
+            "per_position_acceptance": total.per_position_acceptance,
+            "by_source": total.by_source, "idle_rounds": dict(sorted(total.idle.items()))}

@@ -15,7 +15,8 @@ Starting the drafter costs something too: a draft model must prefill (a window o
 context before its first draft, and the engine defers that until the policy agrees to pay
 it (`worth_starting`). The rule: with the prior acceptance and the step's batch size, the
 best k saves `step_time(0) − step_time(k) / E(k)` seconds per generated token over plain
-decoding; over the `tokens_left` tokens still to generate that must exceed the start-up's
+decoding, priced with each α_i one posterior standard deviation low (the start-up is certain,
+the saving a guess); over the `tokens_left` tokens still to generate that must exceed the start-up's
 seconds (the draft's per-token prefill cost times the positions fed, from the cost model),
 with the same `margin` as every other choice. Short requests (max_tokens 16) and batches
 where verify rows cost as much as decode rows (compute-bound: best k is 0) never start it;
@@ -112,7 +113,7 @@ class CostAwarePolicy:
         for tried, accepted in zip(self._tried[1:], self._accepted[1:]):
             mean = (accepted + strength * pooled) / (tried + strength)
             spread = math.sqrt(mean * (1.0 - mean) / (tried + strength + 1.0))
-            alphas.append(min(1.0, mean + optimism * spread))
+            alphas.append(min(1.0, max(0.0, mean + optimism * spread)))
         return alphas
 
     def best_k(self, limit: int, optimism: float = 0.0) -> int:
@@ -132,13 +133,15 @@ class CostAwarePolicy:
 
     def worth_starting(self, tokens_left: int, startup_s: float) -> bool:
         """Whether starting the drafter (`startup_s` seconds of draft prefill) pays over the
-        `tokens_left` tokens still to generate: the seconds the best k saves per token, by
-        the current acceptance estimate (the prior before any round), times `tokens_left`,
-        must beat the start-up by `margin` (see the module doc)."""
-        k = self.best_k(tokens_left)
+        `tokens_left` tokens still to generate: the seconds the best k saves per token, by a
+        pessimistic acceptance estimate (one posterior standard deviation below the current
+        one: the prior before any round), times `tokens_left`, must beat the start-up by
+        `margin` (see the module doc). The start-up is spent for sure and the saving is a
+        guess, so the guess is taken low."""
+        k = self.best_k(tokens_left, optimism=-1.0)
         if k == 0:
             return False
-        alphas, expected, reach = self.acceptance(), 1.0, 1.0
+        alphas, expected, reach = self.acceptance(-1.0), 1.0, 1.0
         for alpha in alphas[:k]:
             reach *= alpha
             expected += reach

@@ -286,15 +286,29 @@
       const off = this.rounds.filter((r) => r.accepted === 0 && r.end === "plain").length;
       const why = "the cost-aware policy expected the gain below the cost of drafting, the " +
         "drafter had nothing to propose, or the answer's last token left no room for drafts";
+      const reasons = {
+        no_match: "no earlier text continued this one (nothing to draft from)",
+        did_not_pay: "drafting did not pay: expected gain below cost",
+        batch_limit: "the batch had reached disable_by_batch_size",
+        draft_starting: "the draft model was still being started",
+        no_room: "no room was left for drafts", off: "speculation was off for this request"};
+      const idle = s && s.idle_rounds ? Object.entries(s.idle_rounds) : [];
+      const said = idle.map(([k, n]) => `${reasons[k] || k} (${n} round${n === 1 ? "" : "s"})`);
+      const sources = s && s.by_source ? Object.entries(s.by_source).map(([name, v]) =>
+        `${name.replace("_", " ")} drafted ${v.drafted} tokens in ${v.rounds} rounds, ` +
+        `${v.accepted} accepted`) : [];
       let text = "";
       if (s && s.enabled === false) {
         text = "Drafting was off for this answer: speculation is disabled for this request " +
           "(Settings → Mode, or a server started without speculation).";
       } else if (this.rounds.length && off === this.rounds.length) {
-        text = `Drafting was off for the whole answer (k = 0 in all ${off} rounds): ${why}.`;
+        text = `Drafting was off for the whole answer (k = 0 in all ${off} rounds): ` +
+          `${said.length ? said.join("; ") : why}.`;
       } else if (off) {
-        text = `Drafting was off in ${off} of ${this.rounds.length} rounds (k = 0): ${why}.`;
+        text = `Drafting was off in ${off} of ${this.rounds.length} rounds (k = 0): ` +
+          `${said.length ? said.join("; ") : why}.`;
       }
+      if (sources.length) text = `${sources.join("; ")}. ${text}`.trim();
       this.note.textContent = text;
       this.note.hidden = !text;
     }
