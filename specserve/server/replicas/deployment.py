@@ -138,8 +138,10 @@ class EngineReplica:
 
     def check_health(self) -> None:
         """Ray Serve's periodic probe: a dead engine fails it, and Ray Serve replaces the replica
-        (meanwhile it posts no figures, so the pool stops routing to it)."""
-        if self.engine.dead_reason is not None:
+        (meanwhile it posts no figures, so the pool stops routing to it). A replica that could
+        not build its engine passes: `describe` hands its error back, and restarting it would
+        only fail again."""
+        if self.engine is not None and self.engine.dead_reason is not None:
             raise RuntimeError(f"replica {self.replica}: the engine is dead: {self.engine.dead_reason}")
 
     def _post_stats(self) -> None:
