@@ -308,7 +308,7 @@
         text = `Drafting was off in ${off} of ${this.rounds.length} rounds (k = 0): ` +
           `${said.length ? said.join("; ") : why}.`;
       }
-      if (sources.length) text = `${sources.join("; ")}. ${text}`.trim();
+      if (sources.length) text = `${text} ${sources.join("; ")}.`.trim();
       this.note.textContent = text;
       this.note.hidden = !text;
     }
