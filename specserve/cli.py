@@ -115,6 +115,13 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def generate_speculation(args: argparse.Namespace) -> dict:
+    """generate's speculation when no flag names a method: serve's default (one log line)."""
+    from specserve.server.cli import default_speculation_of
+
+    return default_speculation_of(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specserve", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -127,7 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_download)
 
     p = sub.add_parser("generate", help="generate text for one prompt")
-    add_llm_flags(p)
+    add_llm_flags(p, generate_speculation, title="speculative decoding (default: as serve's: "
+                  "hybrid with the default draft for a target of its vocabulary, else suffix "
+                  "drafting)")
     add_flags(p.add_argument_group("sampling (OpenAI/vLLM names)"), SamplingParams,
               defaults=GENERATE_SAMPLING, exclude=SAMPLING_EXCLUDED)
     p.add_argument("--prompt", default=None, help="prompt text ('-' or omitted: read stdin)")
