@@ -80,16 +80,15 @@ def cases(cls, exclude=(), overrides=None):
 @pytest.mark.parametrize("argv,kwargs", cases(LoadConfig) + cases(EngineConfig))
 def test_every_load_and_engine_flag_gives_the_config_of_the_python_api(command, argv, kwargs,
                                                                         monkeypatch):
-    # serve decides its speculation for the model given (here a stand-in for the decision,
-    # which reads the model's tokenizer): it is asked once, for that model
+    # serve and generate decide their speculation for the model given (here a stand-in for
+    # the decision, which reads the model's tokenizer): it is asked once, for that model
     asked = []
     monkeypatch.setattr(default_speculation, "decide", lambda target, draft: (
         asked.append((str(target), draft)) or dict(SPECULATION), "reason"))
-    spec = SPECULATION if command == "serve" else None
-    expected = LLMConfig.from_kwargs(speculative_config=spec, **kwargs)
+    expected = LLMConfig.from_kwargs(speculative_config=SPECULATION, **kwargs)
     assert LLMConfig.from_args(parse(command, *argv)) == expected
     model = str(kwargs.get("model", DEFAULT_TARGET))
-    assert asked == ([(model, DEFAULT_DRAFT)] if command == "serve" else [])
+    assert asked == [(model, DEFAULT_DRAFT)]
 
 
 @pytest.mark.parametrize("argv,kwargs", cases(SpeculativeConfig))
@@ -135,10 +134,10 @@ def test_bench_and_demo_take_the_same_model_flags(command, argv, kwargs):
 
 def test_no_flags_give_the_python_api_defaults_and_the_command_defaults(monkeypatch):
     monkeypatch.delenv("SPECSERVE_API_KEY", raising=False)
-    assert LLMConfig.from_args(parse("generate")) == LLMConfig.from_kwargs()
-    assert LLMConfig.from_args(parse("serve")) == LLMConfig.from_kwargs(
-        speculative_config={"method": "hybrid", "model": DEFAULT_DRAFT,
-                            "num_speculative_tokens": -1})
+    default_pair = LLMConfig.from_kwargs(speculative_config={
+        "method": "hybrid", "model": DEFAULT_DRAFT, "num_speculative_tokens": -1})
+    assert LLMConfig.from_args(parse("generate")) == default_pair
+    assert LLMConfig.from_args(parse("serve")) == default_pair
     assert sampling_params(parse("generate")) == SamplingParams(temperature=0.0, max_tokens=256)
     assert build(ServerConfig, parse("serve")) == ServerConfig()
     assert build(BenchOptions, parse("bench")) == BenchOptions()
@@ -191,7 +190,10 @@ def test_speculation_flags_compose_and_contradictions_are_refused():
     assert serve.speculative == SpeculativeConfig(method="draft_model", model="d",
                                                   num_speculative_tokens=-1, tv_budget=0.25)
     assert LLMConfig.from_args(parse("serve", "--no-speculation")).speculative is None
-    for argv, needle in [(["generate", "-k", "2"], "need speculation"),
+    # a speculative flag without a method lays over the command's default speculation
+    assert LLMConfig.from_args(parse("generate", "-k", "2")).speculative == SpeculativeConfig(
+        method="hybrid", model=DEFAULT_DRAFT, num_speculative_tokens=2)
+    for argv, needle in [(["generate", "--no-speculation", "-k", "2"], "--no-speculation"),
                          (["generate", "--ngram", "--speculative-method", "draft_model"], "--ngram"),
                          (["serve", "--no-speculation", "--tv-budget", "0.5"], "--no-speculation")]:
         with pytest.raises(ValueError, match=needle):

@@ -40,8 +40,7 @@ from torch import Tensor
 from specserve.sampling.entropy import normalized_topk_entropy
 from specserve.sampling.params import SamplingParams, check_fly
 from specserve.sampling.rejection import VerifyResult, native_decisions, reject_at, sample_from
-from specserve.sampling.round_checks import (check_budgets, check_draft_probs, check_round,
-                                             check_uniform, check_uniforms)
+from specserve.sampling.round_checks import check_verify_args
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +89,9 @@ def verify_fly(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: T
     Arguments as `rejection.verify`, plus `settings` and `gate_probs` ([k + 1, vocab] or
     [k, vocab]; None: target_probs), whose top-k entropy the gate reads.
     """
-    drafts = check_round(draft_tokens, target_probs)
+    drafts, budgets, us, residual_u = check_verify_args(draft_tokens, draft_probs, target_probs,
+                                                        uniforms, residual_uniform, tv_budget)
     k = len(drafts)
-    budgets = check_budgets(tv_budget, k)
-    check_draft_probs(draft_probs, target_probs, k)
-    us = check_uniforms(uniforms, k)
-    residual_u = check_uniform(residual_uniform, "residual_uniform")
     gate_probs = target_probs if gate_probs is None else gate_probs
     if gate_probs.dim() != 2 or gate_probs.shape[0] < k or gate_probs.shape[1] != target_probs.shape[1]:
         raise ValueError(f"gate_probs must have shape [k (+ 1), vocab] = [{k}, "

@@ -36,8 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specserve.sampling.round_checks import (check_budgets, check_draft_probs, check_round,
-                                             check_uniform, check_uniforms)
+from specserve.sampling.round_checks import check_round, check_uniform, check_verify_args
 
 KINDS = ("recovered", "bonus", "none")
 CHUNK_ELEMENTS = 1 << 18  # mentored rounds measure TV over about this many row entries at a time
@@ -123,12 +122,9 @@ def verify(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tenso
     Draft i is accepted when uniforms[i] < a_i(x_i). With k = 0 the round is a plain decode
     step: one token sampled from target_probs[0] whatever `bonus_token` says.
     """
-    drafts = check_round(draft_tokens, target_probs)
+    drafts, budgets, us, residual_u = check_verify_args(draft_tokens, draft_probs, target_probs,
+                                                        uniforms, residual_uniform, tv_budget)
     k = len(drafts)
-    budgets = check_budgets(tv_budget, k)
-    check_draft_probs(draft_probs, target_probs, k)
-    us = check_uniforms(uniforms, k)
-    residual_u = check_uniform(residual_uniform, "residual_uniform")
 
     decisions, tv = native_decisions(draft_tokens, draft_probs, target_probs, us, budgets)
     num_accepted = decisions.index(False) if False in decisions else k

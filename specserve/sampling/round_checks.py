@@ -74,3 +74,16 @@ def check_draft_probs(draft_probs: Tensor | None, target_probs: Tensor, k: int) 
     if tuple(draft_probs.shape) != expected:
         raise ValueError(f"draft_probs must have shape {list(expected)}, "
                          f"got {tuple(draft_probs.shape)}")
+
+
+def check_verify_args(draft_tokens: Tensor, draft_probs: Tensor | None, target_probs: Tensor,
+                      uniforms: Tensor | list[float], residual_uniform: float,
+                      tv_budget: float | Sequence[float]
+                      ) -> tuple[list[int], list[float], list[float], float]:
+    """Every input check of a verify call: (drafts, budgets, uniforms, residual uniform)."""
+    drafts = check_round(draft_tokens, target_probs)
+    k = len(drafts)
+    budgets = check_budgets(tv_budget, k)
+    check_draft_probs(draft_probs, target_probs, k)
+    return drafts, budgets, check_uniforms(uniforms, k), check_uniform(residual_uniform,
+                                                                       "residual_uniform")
