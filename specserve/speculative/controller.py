@@ -22,8 +22,9 @@ The choice, for a step decoding B sequences (see `cost_aware.py` for the single-
    they add (expected tokens over the seconds they add) beats plain decoding's rate by the
    policy's margin. So under load, where every row costs, only
    the drafts most likely to survive are verified, and speculation never lowers the step's
-   expected throughput by its own estimate. A fixed k (a config or request asking for one)
-   and the cost-aware policy's probes are taken as asked.
+   expected throughput by its own estimate. A fixed k (a config or request asking for one),
+   the k of a policy other than the cost-aware one, and the cost-aware policy's probes are
+   taken as asked.
 
 A sequence whose plan is k = 0 costs what plain decoding costs: no draft model runs for it
 (unless it is catching up a started draft's prefill), and the lookup is a host-side search.
@@ -34,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specserve.speculative.candidate import NO_CANDIDATE, Candidate
-from specserve.speculative.cost_aware import DEFAULT_MARGIN
+from specserve.speculative.cost_aware import DEFAULT_MARGIN, CostAwarePolicy
 from specserve.speculative.cost_model import CostModel
 from specserve.speculative.draft_model import DraftModelDrafter
 from specserve.speculative.drafter import EMPTY, Proposal
@@ -102,13 +103,12 @@ class SpeculationController:
             k = override.num_speculative_tokens
             name = "cost_aware" if k == -1 else "fixed"
         enabled = override is None or override.enabled
-        fixed = None if (k == -1 or name == "cost_aware") else k
         policy = None
         if self.model is not None:
             policy = make_policy(name, k, self.cost, max_k=config.max_k) if enabled \
                 else FixedPolicy(0)
-        self._seqs[seq.seq_id] = SeqSpeculation(enabled and k != 0, fixed if name == "fixed"
-                                                else None, policy)
+        self._seqs[seq.seq_id] = SeqSpeculation(enabled and k != 0,
+                                                k if name == "fixed" else None, policy)
 
     def admitted(self, seq) -> None:
         """The scheduler admitted the sequence (its prompt may still be prefilling)."""
@@ -224,14 +224,13 @@ class SpeculationController:
         k = min(policy.choose_k(room), room)
         if k <= 0:
             return Offer(reason="did_not_pay")
-        forced = st.fixed_k is not None or getattr(policy, "probing", False)
-        alphas = policy.acceptance() if hasattr(policy, "acceptance") else [1.0] * k
+        if not isinstance(policy, CostAwarePolicy) or policy.probing:
+            return Offer(MODEL, [1.0] * k, forced=True, reason="")  # taken as the policy asks
         survival, reach = [], 1.0
-        for alpha in alphas[:k]:
+        for alpha in policy.acceptance()[:k]:
             reach *= alpha
             survival.append(reach)
-        survival += [reach] * (k - len(survival))
-        return Offer(MODEL, survival, forced=forced, reason="")
+        return Offer(MODEL, survival, reason="")
 
     def _best_prefix(self, survival: list[float], source: str) -> tuple[int, float]:
         """(j, rate): the prefix length of `survival` with the most expected tokens per
