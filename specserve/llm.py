@@ -185,6 +185,10 @@ class LLM:
     def metrics(self) -> dict:
         return self.engine.metrics.as_dict()
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached prompt prefixes (the next request prefills from scratch)."""
+        return self.engine.reset_prefix_cache()
+
 
 def check_same_vocabulary(target: Tokenizer, draft: Tokenizer) -> None:
     """Refuse a draft whose tokenizer differs from the target's. Different padded vocabulary

@@ -47,7 +47,8 @@ class BenchOptions:
     # off: every timed call prefills its whole prompt, as the peers' calls do (a repeated
     # prompt would otherwise come from the prefix cache and TTFT would measure nothing)
     prefix_caching: bool = option(False, "keep the prefix cache on between timed calls (off: "
-                                  "every call prefills its whole prompt, as the peers do)")
+                                  "every call prefills its whole prompt, as the peers do; a "
+                                  "session's later requests still reuse its earlier ones)")
     chat: bool = option(True, "send the prompts through the chat template")
 
     def __post_init__(self) -> None:
@@ -102,15 +103,18 @@ class Bench:
                              {"role": "assistant", "content": answer}]
         return messages + [{"role": "user", "content": session.turns[turn]}]
 
-    def _llm(self, cfg: BenchConfig, prompt_len: int) -> LLM:
+    def _llm(self, cfg: BenchConfig, prompt_len: int, session: bool = False) -> LLM:
         spec = None
         if cfg.spec is not None:
             spec = dict(cfg.spec)
             if uses_draft(spec):
                 spec["model"] = str(self.draft.path)
         max_len = prompt_len + self.opt.max_tokens + 24
+        # a session's requests repeat its history, as a server's chat does: its prefix cache is
+        # on, as the server's is, and emptied before each timed call
         return LLM(self.target, draft=self.draft, speculative_config=spec, max_num_seqs=1,
-                   max_model_len=max_len, enable_prefix_caching=self.opt.prefix_caching)
+                   max_model_len=max_len,
+                   enable_prefix_caching=self.opt.prefix_caching or session)
 
     def seeds_for(self, cfg: BenchConfig) -> list[int]:
         # greedy output does not depend on the seed: one seed, same number of timed calls
@@ -125,7 +129,8 @@ class Bench:
         prepared = []
         for cfg, _, prompt in jobs:
             ids = self.prompt_ids(prompt)
-            llm = self._llm(cfg, SESSION_MODEL_LEN if isinstance(prompt, Session) else len(ids))
+            session = isinstance(prompt, Session)
+            llm = self._llm(cfg, SESSION_MODEL_LEN if session else len(ids), session)
             warm = SamplingParams(temperature=cfg.temperature, max_tokens=self.opt.warmup_tokens,
                                   ignore_eos=True, seed=0)
             llm.generate(ids[:WARMUP_PROMPT_TOKENS], warm)  # kernels and allocations, not a full prefill
@@ -138,6 +143,8 @@ class Bench:
                 seed, rep = calls[i]
                 if llm.engine.spec is not None:  # every call starts with no earlier outputs
                     llm.engine.spec.clear_cache()
+                if not self.opt.prefix_caching:  # nor with a session's earlier prefixes
+                    llm.reset_prefix_cache()
                 if isinstance(prompt, Session):
                     out = self._session(llm, prompt, cfg.temperature, seed)
                 else:

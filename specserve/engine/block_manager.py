@@ -132,6 +132,17 @@ class BlockManager:
             table.node = self._next_node
             self._next_node += 1
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block no table holds (they become free); blocks some table
+        holds stay as they are. Returns how many were dropped."""
+        dropped = len(self._idle)
+        for block in self._idle:
+            del self._by_key[self._key_of.pop(block)]
+            del self._node_of[block]
+            self._free.append(block)
+        self._idle.clear()
+        return dropped
+
     # ------------------------------------------------------------------ blocks
     def _take(self) -> int:
         if self._free:

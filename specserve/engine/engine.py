@@ -119,6 +119,14 @@ class LLMEngine:
         self._inbox.append(request_id)
         self._drain_if_idle()
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached prefix blocks no running sequence holds (the target's and the
+        draft model's), under the step lock; returns how many target blocks were dropped."""
+        with self._step_lock:
+            if self.spec is not None:
+                self.spec.reset_prefix_cache()
+            return self.scheduler.blocks.reset_prefix_cache()
+
     def has_request(self, request_id: str) -> bool:
         """True from `add_request` until the request's final delta has been handed out."""
         with self._live_lock:

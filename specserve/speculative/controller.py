@@ -129,6 +129,11 @@ class SpeculationController:
             self.lookup.finish(seq, keep=completed)
         self._seqs.pop(seq.seq_id, None)
 
+    def reset_prefix_cache(self) -> None:
+        """Forget the draft model's cached prefix blocks that no sequence holds."""
+        if self.model is not None:
+            self.model.blocks.reset_prefix_cache()
+
     def clear_cache(self) -> None:
         """Forget the earlier requests' outputs the lookup keeps (if it keeps any)."""
         cache = getattr(self.lookup, "cache", None)

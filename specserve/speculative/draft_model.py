@@ -80,6 +80,8 @@ class DraftBlocks(Protocol):
 
     def register(self, table, tokens: list[int], num_committed: int) -> None: ...
 
+    def reset_prefix_cache(self) -> int: ...
+
 
 class _DraftSeq:
     __slots__ = ("seq", "table", "started", "seen", "skipped", "prefilling", "fresh", "tokens",

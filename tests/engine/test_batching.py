@@ -187,6 +187,26 @@ def test_with_prefix_caching_off_a_repeated_prompt_is_prefilled_again(models, sp
     assert again == first
 
 
+@pytest.mark.parametrize("spec_name", ["plain", "draft"])
+def test_after_reset_prefix_cache_a_repeated_prompt_is_prefilled_again(models, spec_name):
+    prompt = [(11 * j) % 100 + 3 for j in range(100)]
+    llm = make_llm(models, spec_name)
+    engine = llm.engine
+    first = run(engine, [(0, prompt, greedy(6))])[0]
+    assert llm.reset_prefix_cache() > 0
+    computed, hits = engine.prompt_tokens_computed, engine.prefix_cache_hit_tokens
+    draft_hits = engine.spec.model.prefix_hit_tokens if spec_name == "draft" else 0
+    again = run(engine, [(0, prompt, greedy(6))])[0]
+    assert engine.prefix_cache_hit_tokens == hits
+    assert engine.prompt_tokens_computed - computed == len(prompt)
+    if spec_name == "draft":
+        assert engine.spec.model.prefix_hit_tokens == draft_hits
+    assert again == first
+    # the cache fills again: a third run is served from it
+    run(engine, [(0, prompt, greedy(6))])
+    assert engine.prefix_cache_hit_tokens - hits == 96
+
+
 def test_disable_by_batch_size_pauses_drafting_at_that_many_running_and_resumes_below(models):
     spec = dict(SPECS["draft"], disable_by_batch_size=3)
     target, draft = models

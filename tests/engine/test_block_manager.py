@@ -81,3 +81,21 @@ def test_the_same_tokens_registered_twice_keep_one_cached_copy():
     m.free(a)
     m.free(c)
     assert m.num_available == 6
+
+
+def test_reset_prefix_cache_frees_unheld_cached_blocks_and_keeps_held_ones():
+    m = BlockManager(6, BS)
+    held, gone = BlockTable(), BlockTable()
+    m.reserve(held, 4)
+    m.register(held, [1, 1, 1, 1], 4)
+    m.reserve(gone, 8)
+    m.register(gone, [2, 2, 2, 2, 3, 3, 3, 3], 8)
+    m.free(gone)
+    assert m.reset_prefix_cache() == 2
+    assert m.match_prefix(BlockTable(), [2, 2, 2, 2, 3, 3, 3, 3, 0], 9) == 0
+    again = BlockTable()
+    assert m.match_prefix(again, [1, 1, 1, 1, 0], 5) == 4  # held: still cached
+    assert m.num_used == 1 and m.num_available == 5
+    grab = BlockTable()
+    assert m.reserve(grab, 20) and sorted(grab.blocks) == sorted({0, 1, 2, 3, 4, 5} - set(held.blocks))
+    assert m.reset_prefix_cache() == 0
