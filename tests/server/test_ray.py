@@ -10,6 +10,7 @@ API key, page); its SIGTERM test runs last, after the replica-kill test.
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import re
 import signal
@@ -155,6 +156,79 @@ def test_a_pool_with_no_live_replica_is_dead_and_refuses_requests_with_engine_de
         asyncio.run(first())
     pool.replicas = {"r0": object()}
     assert pool.dead_reason is None
+
+
+class _Call:
+    """A streaming replica call that sends `items` and then nothing more (a replica that stopped
+    answering), or ends after them when `hang` is False."""
+
+    def __init__(self, items, hang=True):
+        self.items, self.hang, self.cancelled = list(items), hang, False
+
+    async def _gen(self):
+        for item in self.items:
+            yield "r0", item
+        if self.hang:
+            await asyncio.sleep(3600)
+
+    def __aiter__(self):
+        return self._gen().__aiter__()
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class _Handle:
+    def __init__(self, calls):
+        self.calls, self.sent = list(calls), []
+        self.stream = self
+
+    def options(self, **_):
+        return self
+
+    def remote(self, *args, **kwargs):
+        call = self.calls.pop(0)
+        self.sent.append(call)
+        return call
+
+
+def _bare_pool(calls, timeout_s):
+    pool = ReplicaPool.__new__(ReplicaPool)  # its state only: the handle is a stand-in
+    pool.handle, pool.retries, pool.call_timeout_s = _Handle(calls), 1, timeout_s
+    pool.index, pool.replicas, pool._closing = PrefixIndex(16), {"r0": object()}, False
+    pool.routed, pool.retried, pool.failed, pool._inflight = collections.Counter(), 0, 0, {}
+    return pool
+
+
+class _Delta:
+    finished, output = False, None
+
+
+def _drain(pool):
+    async def go():
+        return [item async for item in pool.stream([1, 2, 3], None)]
+    return asyncio.run(go())
+
+
+def test_a_replica_that_stops_answering_mid_stream_fails_its_request_within_the_call_timeout():
+    hung = _Call([_Delta()])
+    pool = _bare_pool([hung], timeout_s=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match="after streaming part of it: TimeoutError"):
+        _drain(pool)
+    assert time.monotonic() - t0 < 5
+    assert hung.cancelled and pool.failed == 1 and pool.retried == 0 and not pool._inflight
+
+
+def test_a_replica_silent_before_its_first_delta_is_timed_out_and_the_request_sent_again():
+    done = _Delta()
+    done.finished = True
+    silent, answer = _Call([]), _Call([_Delta(), done], hang=False)
+    pool = _bare_pool([silent, answer], timeout_s=0.3)
+    items = _drain(pool)
+    assert len(items) == 2 and items[-1].finished
+    assert silent.cancelled and not answer.cancelled
+    assert pool.retried == 1 and pool.failed == 0 and pool.routed["r0"] == 1
 
 
 # ----------------------------------------------------------------------------- the replicated endpoint
