@@ -2,12 +2,13 @@
 #   specserve serve --port 8201 &  specserve serve --port 8202 --no-speculation &
 #   python benchmarks/scripts/serve_ab.py --ports 8201,8202 --clients 1 --rounds 6
 # (any server with streamed /v1/chat/completions works as either side, llama-server included)
-"""A/B of two running servers as their users see them: rounds of `clients` streamed chat
+"""Running servers compared as their users see them: rounds of `clients` streamed chat
 completions sent at once (the shipped prompts, each with a fresh prefix so that no prefix cache
-serves it), the two servers alternated round by round (A B, then B A, ...). Per round and
-server: total output tokens/s over the round's wall time, and each request's TTFT and end to end
-time. The ratio is the median over rounds of A's total tokens/s over B's in the same pair of
-rounds; one warm-up round per server is not counted."""
+serves it), every server once per round, the order rotated round by round (A B C, B C A, ...;
+two servers: A B, B A). Per round and server: total output tokens/s over the round's wall time,
+and each request's TTFT and end to end time. Each server's ratio is the median over rounds of
+its total tokens/s over the first server's in the same round; one warm-up round per server is
+not counted."""
 from __future__ import annotations
 
 import argparse
@@ -79,23 +80,26 @@ def one_round(port: int, texts: list[str], args, api_key: str | None) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ports", required=True, help="A,B")
+    p.add_argument("--ports", required=True, help="A,B[,C...]: A is the reference")
+    p.add_argument("--names", default=None, help="a name per port, for the report")
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--rounds", type=int, default=4, help="timed rounds per server")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
-    p.add_argument("--api-keys", default="", help="A's key,B's key (empty: none)")
+    p.add_argument("--api-keys", default="", help="a key per port, comma-separated (empty: none)")
     p.add_argument("--prompts", default=",".join(PROMPTS), help="shipped workloads, cycled")
     p.add_argument("--out", default=None, help="write every round here (JSON)")
     args = p.parse_args(argv)
     ports = [int(x) for x in args.ports.split(",")]
-    keys = (args.api_keys.split(",") + ["", ""])[:2]
+    keys = (args.api_keys.split(",") + [""] * len(ports))[:len(ports)]
+    labels = args.names.split(",") if args.names else [str(port) for port in ports]
     names = args.prompts.split(",")
     texts = [workloads.load(n) for n in names]
     rounds = {port: [] for port in ports}
     for r in range(args.rounds + 1):  # round 0: warm-up
-        for side in (ports if r % 2 == 0 else ports[::-1]):
+        order = ports[r % len(ports):] + ports[:r % len(ports)]
+        for side in order:
             batch = [f"[{time.time_ns()}-{i}] " + texts[(r + i) % len(texts)]
                      for i in range(args.clients)]
             res = one_round(side, batch, args, keys[ports.index(side)] or None)
@@ -103,23 +107,28 @@ def main(argv: list[str] | None = None) -> None:
                                                for i in range(args.clients)]
             if r:
                 rounds[side].append(res)
-            print(f"round {r} port {side}: {res['tokens_per_s']:.2f} tok/s, "
+            print(f"round {r} {labels[ports.index(side)]}: {res['tokens_per_s']:.2f} tok/s, "
                   f"ttft {[round(q['ttft_s'] or 0, 2) for q in res['requests']]}", flush=True)
-    a, b = ports
-    ratios = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(rounds[a], rounds[b])]
+    ref = rounds[ports[0]]
     summary = {"clients": args.clients, "max_tokens": args.max_tokens,
-               "temperature": args.temperature, "rounds": args.rounds,
-               "tokens_per_s": {str(port): statistics.median(x["tokens_per_s"] for x in rs)
-                                for port, rs in rounds.items()},
-               "ttft_s_median": {str(port): statistics.median(q["ttft_s"] for x in rs
-                                                              for q in x["requests"])
-                                 for port, rs in rounds.items()},
-               "ratio_per_round": [round(x, 3) for x in ratios],
-               "ratio_median": statistics.median(ratios)}
+               "temperature": args.temperature, "rounds": args.rounds, "servers": {}}
+    for label, port in zip(labels, ports):
+        ratios = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(rounds[port], ref)]
+        summary["servers"][label] = {
+            "port": port,
+            "tokens_per_s": statistics.median(x["tokens_per_s"] for x in rounds[port]),
+            "ttft_s_median": statistics.median(q["ttft_s"] for x in rounds[port]
+                                               for q in x["requests"]),
+            "e2e_s_median": statistics.median(q["e2e_s"] for x in rounds[port]
+                                              for q in x["requests"]),
+            f"vs_{labels[0]}_per_round": [round(x, 3) for x in ratios],
+            f"vs_{labels[0]}": statistics.median(ratios)}
     print(json.dumps(summary, indent=1))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"summary": summary, "rounds": rounds}, f, indent=1)
+            json.dump({"summary": summary,
+                       "rounds": {label: rounds[port] for label, port in zip(labels, ports)}},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

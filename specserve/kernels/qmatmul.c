@@ -79,7 +79,7 @@
     defined(__AVX512VNNI__)
 #define QM_AVX512 1
 #define ROWS 8 /* 8 bits: activation rows per unpacked weight pair */
-#define LR 8   /* 4, 6 bits: rows per pass over a tile */
+#define LR 10  /* 4, 6 bits: rows per pass over a tile (a verify pass of 1 + 9 drafts: one) */
 #define FO 4   /* float kernel: outputs per tile */
 #else
 #define QM_AVX512 0
@@ -144,6 +144,12 @@ static inline int32_t four_bytes(const int8_t *p) {  /* 4 activation bytes as on
     return v;
 }
 
+/* Two blocks' activation sums, bs[0] and bs[1] (each |bs| ≤ 32·127), as the int16 pair of an
+ * int32, for vpmaddwd / vpdpwssd against the pairs of `mins_pairs`. */
+static inline int32_t bs_pair(const int32_t *bs) {
+    return (int32_t)((uint32_t)(uint16_t)bs[0] | ((uint32_t)(uint16_t)bs[1] << 16));
+}
+
 /* ---- 4- and 6-bit weights: one tile of 16 outputs × nr rows ---- */
 
 typedef struct {  /* one tile's weights (see the layout above) */
@@ -168,8 +174,9 @@ static inline __attribute__((always_inline)) void lanes_rows(
     const int32_t *bs, int nr, float *yt) {
     const int64_t nb = k / QK, ns = k / sb, per = sb / QK;
     const __m512i mask = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
-    __m512 y[LR];
-    for (int r = 0; r < nr; r++) y[r] = _mm512_setzero_ps();
+    /* y (each row's 16 outputs) lives in yt, updated once per super-block: the registers
+     * go to the rows' integer sums */
+    for (int r = 0; r < nr; r++) _mm512_storeu_ps(yt + r * TILE, _mm512_setzero_ps());
     for (int64_t s = 0; s < ns; s++) {
         __m512i isum[LR];
         for (int r = 0; r < nr; r++) isum[r] = _mm512_setzero_si512();
@@ -209,18 +216,28 @@ static inline __attribute__((always_inline)) void lanes_rows(
         }
         const __m512 ds = _mm512_loadu_ps(w->dsup + s * TILE);
         const __m512 dm = _mm512_loadu_ps(w->dmin + s * TILE);
+        /* M_s = Σ_b mins_b·bs_b: lane o of pair j holds (mins of block 2j, of block 2j + 1)
+         * of output o as int16, one vpdpwssd per pair and row (exact: |M_s| < 2^23) */
+        __m512i pairs[4];
+        for (int64_t j = 0; j < per / 2; j++) {
+            const int8_t *m = w->mins + (s * per + 2 * j) * TILE;
+            const __m128i a = _mm_loadu_si128((const __m128i *)m);
+            const __m128i b = _mm_loadu_si128((const __m128i *)(m + TILE));
+            pairs[j] = _mm512_cvtepi8_epi16(
+                _mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+        }
         for (int r = 0; r < nr; r++) {
             __m512i msum = _mm512_setzero_si512();
-            for (int64_t b = s * per; b < (s + 1) * per; b++)
-                msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(
-                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w->mins + b * TILE))),
-                    _mm512_set1_epi32(bs[r * nb + b])));
+            for (int64_t j = 0; j < per / 2; j++)
+                msum = _mm512_dpwssd_epi32(msum, pairs[j], _mm512_set1_epi32(
+                    bs_pair(bs + r * nb + s * per + 2 * j)));
             const __m512 a = _mm512_set1_ps(da[r * ns + s]);
-            y[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(ds, a), y[r]);
-            y[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dm, a), y[r]);
+            __m512 y = _mm512_loadu_ps(yt + r * TILE);
+            y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(ds, a), y);
+            y = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dm, a), y);
+            _mm512_storeu_ps(yt + r * TILE, y);
         }
     }
-    for (int r = 0; r < nr; r++) _mm512_storeu_ps(yt + r * TILE, y[r]);
 }
 #else
 static inline __m256i field_to_top(__m256i h, int g) {  /* as the AVX-512 one */
@@ -284,13 +301,18 @@ static inline __attribute__((always_inline)) void lanes_rows(
             }
             const __m256 ds = _mm256_loadu_ps(w->dsup + s * TILE + at);
             const __m256 dm = _mm256_loadu_ps(w->dmin + s * TILE + at);
+            __m256i pairs[4];  /* as the AVX-512 build's, for the half's 8 outputs */
+            for (int64_t j = 0; j < per / 2; j++) {
+                const int8_t *m = w->mins + (s * per + 2 * j) * TILE + at;
+                pairs[j] = _mm256_cvtepi8_epi16(
+                    _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)m),
+                                      _mm_loadl_epi64((const __m128i *)(m + TILE))));
+            }
             for (int r = 0; r < nr; r++) {
                 __m256i msum = _mm256_setzero_si256();
-                for (int64_t b = s * per; b < (s + 1) * per; b++)
-                    msum = _mm256_add_epi32(msum, _mm256_mullo_epi32(
-                        _mm256_cvtepi8_epi32(
-                            _mm_loadl_epi64((const __m128i *)(w->mins + b * TILE + at))),
-                        _mm256_set1_epi32(bs[r * nb + b])));
+                for (int64_t j = 0; j < per / 2; j++)
+                    msum = _mm256_add_epi32(msum, _mm256_madd_epi16(pairs[j], _mm256_set1_epi32(
+                        bs_pair(bs + r * nb + s * per + 2 * j))));
                 const __m256 a = _mm256_set1_ps(da[r * ns + s]);
                 y[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(ds, a), y[r]);
                 y[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dm, a), y[r]);
@@ -330,7 +352,8 @@ static void lanes_tile(int bits, const uint8_t *qs, const uint8_t *qh, const uin
         switch (nr) {  /* constant row counts, so the accumulators live in registers */
             LANES_CASE(1) LANES_CASE(2) LANES_CASE(3)
 #if LR > 4
-            LANES_CASE(4) LANES_CASE(5) LANES_CASE(6) LANES_CASE(7)
+            LANES_CASE(4) LANES_CASE(5) LANES_CASE(6) LANES_CASE(7) LANES_CASE(8)
+            LANES_CASE(9)
 #endif
         default: lanes_of(bits, &w, k, sb, a, d, s, LR, yt); break;
         }
