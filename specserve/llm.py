@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from specserve.engine.async_engine import AsyncEngine
-from specserve.engine.calibration import calibrate
+from specserve.engine.calibration import calibrate, on_passing_thread
 from specserve.config import LLMConfig
 from specserve.engine.config import EngineConfig
 from specserve.engine.engine import LLMEngine
@@ -74,7 +74,9 @@ class LLM:
         self.engine = LLMEngine(runner, runner.block_manager(config.enable_prefix_caching),
                                 self.target.tokenizer, config, spec)
         if spec is not None and self.spec.policy_name == "cost_aware" and spec.cap > 0:
-            calibrate(spec.cost, runner, draft_runner, spec.cap)
+            # timed passes on a thread that ends: the thread building the engine may never
+            # run a kernel again (the server's), and must not keep an OpenMP team
+            on_passing_thread(calibrate, spec.cost, runner, draft_runner, spec.cap)
         self._lock = threading.Lock()  # one generate/chat call drives the engine at a time
         self._driver = None  # an AsyncEngine running the engine: calls go through it
 

@@ -43,6 +43,14 @@
 #define ROWS 8     /* rows of one sequence per work item, sharing each key and value load */
 #define PTILE 64   /* positions per value tile (kept in L1 for all rows of an item) */
 #define AHEAD 16   /* positions whose keys are prefetched ahead of the score tile */
+#define MAX_HD 256 /* head dims up to this: a score tile's keys are widened once into a buffer */
+
+#if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+#define AT_AVX512 1 /* two query heads (scores) or 16 columns (values) per register; each
+                     * lane's arithmetic is the 8-lane build's, so the bits are the same */
+#else
+#define AT_AVX512 0
+#endif
 
 enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };  /* element kinds of the KV pools */
 
@@ -137,10 +145,11 @@ static inline __m256 exp_nonpos(__m256 x) {
 
 
 /* s [m, G, np] = qs [m, G, hd] · keysᵀ (qs already scaled), −inf past each row's n[i]; vmax
- * [m, G] ← lane-wise maxima. Each tile of 8 keys is loaded once for all m·G query vectors. */
+ * [m, G] ← lane-wise maxima. Each tile of 8 keys is loaded (and widened, into kt [TILE, hd])
+ * once for all m·G query vectors. */
 static inline __attribute__((always_inline)) void scores(
     int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int64_t np, const float *qs,
-    const void *kp, int kind, const int64_t *off, float *s, __m256 *vmax) {
+    const void *kp, int kind, const int64_t *off, float *s, __m256 *vmax, float *kt) {
     const int64_t line = 64 / kv_size(kind);  /* elements per cache line */
     for (int j = 0; j < m * G; j++) vmax[j] = _mm256_set1_ps(-INFINITY);
     for (int64_t p0 = 0; p0 < nmax; p0 += TILE) {
@@ -148,20 +157,70 @@ static inline __attribute__((always_inline)) void scores(
         for (int t = 0; t < TILE; t++) k[t] = off[p0 + t < nmax ? p0 + t : nmax - 1];
         for (int64_t p = p0 + AHEAD; p < p0 + AHEAD + TILE && p < nmax; p++)
             for (int64_t j = 0; j < hd; j += line) kv_prefetch(kp, off[p] + j, kind, _MM_HINT_T0);
+        /* the tile's keys as float32 rows of kt (a float32 pool's own rows), widened once
+         * for all m·G query vectors instead of once per vector */
+        const float *key[TILE];
+        for (int t = 0; t < TILE; t++) {
+            if (kind == KV_F32 || hd > MAX_HD) {
+                key[t] = NULL;
+                continue;
+            }
+            for (int64_t j = 0; j < hd; j += 8)
+                _mm256_storeu_ps(kt + t * hd + j, kv_load(kp, k[t] + j, kind));
+            key[t] = kt + t * hd;
+        }
+        if (kind == KV_F32)
+            for (int t = 0; t < TILE; t++) key[t] = (const float *)kp + k[t];
         for (int i = 0; i < m; i++) {
             if (p0 >= n[i]) continue;
             const int valid = n[i] - p0 < TILE ? (int)(n[i] - p0) : TILE;
             const __m256 live = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
                                               _mm256_set1_ps((float)valid), _CMP_LT_OQ);
-            for (int g = 0; g < G; g++) {
+            int g = 0;
+#if AT_AVX512
+            if (key[0] != NULL)
+                for (; g + 1 < G; g += 2) {  /* heads g (low lanes) and g + 1 (high lanes) */
+                    const int64_t idx = (int64_t)i * G + g;
+                    const float *qg = qs + idx * hd;
+                    __m512 acc[TILE];
+                    for (int t = 0; t < TILE; t++) acc[t] = _mm512_setzero_ps();
+                    for (int64_t j = 0; j < hd; j += 8) {
+                        const __m512 qv = _mm512_insertf32x8(
+                            _mm512_castps256_ps512(_mm256_loadu_ps(qg + j)),
+                            _mm256_loadu_ps(qg + hd + j), 1);
+                        for (int t = 0; t < TILE; t++)
+                            acc[t] = _mm512_fmadd_ps(
+                                qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(key[t] + j)), acc[t]);
+                    }
+                    for (int h = 0; h < 2; h++) {
+                        __m256 half[TILE];
+                        for (int t = 0; t < TILE; t++)
+                            half[t] = h ? _mm512_extractf32x8_ps(acc[t], 1)
+                                        : _mm512_castps512_ps256(acc[t]);
+                        const __m256 sc =
+                            _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), hsum8x8(half), live);
+                        _mm256_storeu_ps(s + (idx + h) * np + p0, sc);
+                        vmax[idx + h] = _mm256_max_ps(vmax[idx + h], sc);
+                    }
+                }
+#endif
+            for (; g < G; g++) {
                 const int64_t idx = (int64_t)i * G + g;
                 const float *qg = qs + idx * hd;
                 __m256 acc[TILE];
                 for (int t = 0; t < TILE; t++) acc[t] = _mm256_setzero_ps();
-                for (int64_t j = 0; j < hd; j += 8) {
-                    const __m256 qv = _mm256_loadu_ps(qg + j);
-                    for (int t = 0; t < TILE; t++)
-                        acc[t] = _mm256_fmadd_ps(qv, kv_load(kp, k[t] + j, kind), acc[t]);
+                if (key[0] != NULL) {
+                    for (int64_t j = 0; j < hd; j += 8) {
+                        const __m256 qv = _mm256_loadu_ps(qg + j);
+                        for (int t = 0; t < TILE; t++)
+                            acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(key[t] + j), acc[t]);
+                    }
+                } else {
+                    for (int64_t j = 0; j < hd; j += 8) {
+                        const __m256 qv = _mm256_loadu_ps(qg + j);
+                        for (int t = 0; t < TILE; t++)
+                            acc[t] = _mm256_fmadd_ps(qv, kv_load(kp, k[t] + j, kind), acc[t]);
+                    }
                 }
                 const __m256 sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), hsum8x8(acc), live);
                 _mm256_storeu_ps(s + idx * np + p0, sc);
@@ -210,10 +269,33 @@ static inline __attribute__((always_inline)) void values_block(
         for (int i = 0; i < nv; i++) _mm256_storeu_ps(o + g * hd + c + 8 * i, acc[g][i]);
 }
 
+#if AT_AVX512
+/* values_block for 16 columns in one register per head: the same FMAs lane by lane. */
+static inline __attribute__((always_inline)) void values_block16(
+    int gb, const float *w, int64_t np, const void *vp, int kind, const int64_t *off,
+    int64_t p0, int64_t p1, int64_t c, float *o, int64_t hd) {
+    __m512 acc[GROUP];
+    for (int g = 0; g < gb; g++)
+        acc[g] = p0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o + g * hd + c);
+    for (int64_t p = p0; p < p1; p++) {
+        const __m512 vv = _mm512_insertf32x8(
+            _mm512_castps256_ps512(kv_load(vp, off[p] + c, kind)),
+            kv_load(vp, off[p] + c + 8, kind), 1);
+        for (int g = 0; g < gb; g++)
+            acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(w[g * np + p]), vv, acc[g]);
+    }
+    for (int g = 0; g < gb; g++) _mm512_storeu_ps(o + g * hd + c, acc[g]);
+}
+#endif
+
 static inline __attribute__((always_inline)) void values_nv(
     int gb, int nv, const float *w, int64_t np, const void *vp, int kind, const int64_t *off,
     int64_t p0, int64_t p1, int64_t c, float *o, int64_t hd) {
+#if AT_AVX512
+    if (nv == 2) values_block16(gb, w, np, vp, kind, off, p0, p1, c, o, hd);
+#else
     if (nv == 2) values_block(gb, 2, w, np, vp, kind, off, p0, p1, c, o, hd);
+#endif
     else values_block(gb, 1, w, np, vp, kind, off, p0, p1, c, o, hd);
 }
 
@@ -305,7 +387,8 @@ int ragged_attention(const float *q, int64_t rows, int64_t heads, int64_t kv_hea
         float *s = aligned_alloc(64, ((size_t)(ROWS * G * max_np) * sizeof(float) + 63) / 64 * 64);
         __m256 *vmax = aligned_alloc(64, (size_t)(ROWS * G) * sizeof(__m256));
         float *inv = malloc((size_t)(ROWS * G) * sizeof(float));
-        const int ok = off && qs && s && vmax && inv;
+        float *kt = aligned_alloc(64, (size_t)(TILE * MAX_HD) * sizeof(float));
+        const int ok = off && qs && s && vmax && inv && kt;
         if (!ok) {
 #pragma omp atomic write
             failed = 1;
@@ -333,20 +416,20 @@ int ragged_attention(const float *q, int64_t rows, int64_t heads, int64_t kv_hea
             }
             /* one inlined copy per element kind: a constant kind in each */
             if (kv_kind == KV_F32) {
-                scores(m, G, hd, n, nmax, np, qs, k_pool, KV_F32, off, s, vmax);
+                scores(m, G, hd, n, nmax, np, qs, k_pool, KV_F32, off, s, vmax, kt);
                 softmax(m, G, n, np, s, vmax, inv);
                 values(m, G, hd, n, nmax, np, s, inv, v_pool, KV_F32, off, o);
             } else if (kv_kind == KV_F16) {
-                scores(m, G, hd, n, nmax, np, qs, k_pool, KV_F16, off, s, vmax);
+                scores(m, G, hd, n, nmax, np, qs, k_pool, KV_F16, off, s, vmax, kt);
                 softmax(m, G, n, np, s, vmax, inv);
                 values(m, G, hd, n, nmax, np, s, inv, v_pool, KV_F16, off, o);
             } else {
-                scores(m, G, hd, n, nmax, np, qs, k_pool, KV_BF16, off, s, vmax);
+                scores(m, G, hd, n, nmax, np, qs, k_pool, KV_BF16, off, s, vmax, kt);
                 softmax(m, G, n, np, s, vmax, inv);
                 values(m, G, hd, n, nmax, np, s, inv, v_pool, KV_BF16, off, o);
             }
         }
-        free(off), free(qs), free(s), free(vmax), free(inv);
+        free(off), free(qs), free(s), free(vmax), free(inv), free(kt);
     }
     free(first);
     return failed ? -1 : 0;
@@ -449,15 +532,20 @@ int rope_store_attend(const float *qkv, int64_t rows, int64_t heads, int64_t kv_
 
 /* out [rows, inter] = silu(g)·u for gu [rows, 2·inter] (per row: g, then u), silu(x) =
  * x / (1 + e^−x) through t = e^−|x| (exp_nonpos): x / (1 + t) for x ≥ 0, x·t / (1 + t) below. */
+#define SILU_CHUNK 2048 /* elements of a row per work item (a multiple of 8) */
 int silu_mul(const float *gu, int64_t rows, int64_t inter, float *out) {
     if (rows < 0 || inter <= 0) return -2;
-#pragma omp parallel for schedule(static) if (rows >= 16)
-    for (int64_t r = 0; r < rows; r++) {
+    const int64_t chunks = (inter + SILU_CHUNK - 1) / SILU_CHUNK;
+    /* elementwise: how the work is split never changes a bit */
+#pragma omp parallel for schedule(static) if (rows * inter >= 4 * SILU_CHUNK)
+    for (int64_t item = 0; item < rows * chunks; item++) {
+        const int64_t r = item / chunks, lo = item % chunks * SILU_CHUNK;
+        const int64_t hi = lo + SILU_CHUNK < inter ? lo + SILU_CHUNK : inter;
         const float *g = gu + r * 2 * inter, *u = g + inter;
         float *o = out + r * inter;
         const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-        int64_t i = 0;
-        for (; i + 8 <= inter; i += 8) {
+        int64_t i = lo;
+        for (; i + 8 <= hi; i += 8) {
             const __m256 x = _mm256_loadu_ps(g + i);
             const __m256 t = exp_nonpos(_mm256_or_ps(x, sign));  /* e^−|x| */
             const __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
@@ -465,7 +553,7 @@ int silu_mul(const float *gu, int64_t rows, int64_t inter, float *out) {
             const __m256 silu = _mm256_div_ps(num, _mm256_add_ps(one, t));
             _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
         }
-        for (; i < inter; i++) {
+        for (; i < hi; i++) {
             const float x = g[i], t = expf(-fabsf(x));
             o[i] = (x < 0.0f ? x * t : x) / (1.0f + t) * u[i];
         }

@@ -8,11 +8,12 @@ two. (Float32 GEMMs round differently for 1 and k + 1 rows.)"""
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 
 from specserve import llm as llm_module
-from specserve.engine.calibration import calibrate
+from specserve.engine.calibration import calibrate, on_passing_thread
 from specserve.llm import LLM
 from specserve.sampling.params import SamplingParams
 from tests import tiny
@@ -199,11 +200,16 @@ def test_cost_aware_engine_starts_calibrated(int8_pair, monkeypatch):
 
     def watched(cost, runner, draft_runner, cap):
         runs.append(((cost, runner, draft_runner), calibrate(cost, runner, draft_runner, cap)))
+        threads.append(threading.current_thread())
         return runs[-1][1]
+
+    threads = []
 
     monkeypatch.setattr(llm_module, "calibrate", watched)
     llm = LLM(target, draft=draft, speculative_config=spec(-1, max_k=5))
     assert len(runs) == 1
+    # on a thread of its own that has ended: the constructing thread keeps no OpenMP team
+    assert threads[0] is not threading.current_thread() and not threads[0].is_alive()
     (cost, runner, draft_runner), measured = runs[0]
     assert cost is llm.engine.spec.cost and runner is llm.engine.runner
     assert draft_runner is llm.engine.spec.model.runner
@@ -219,6 +225,15 @@ def test_cost_aware_engine_starts_calibrated(int8_pair, monkeypatch):
     # a fixed-k engine does not spend start-up time calibrating
     assert LLM(target, draft=draft, speculative_config=spec(2)).engine.cost.verify_time(0) == 1.0
     assert len(runs) == 1
+
+
+def test_a_failure_on_the_passing_thread_is_raised_on_the_caller():
+    def boom(x):
+        raise ValueError(f"bad {x}")
+
+    with pytest.raises(ValueError, match="bad 3"):
+        on_passing_thread(boom, 3)
+    assert on_passing_thread(lambda a, b: a + b, 2, 5) == 7
 
 
 @pytest.mark.parametrize("method", ["suffix", "hybrid"])
