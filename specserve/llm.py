@@ -12,11 +12,12 @@ of the LLM.
 from __future__ import annotations
 
 import threading
+from functools import partial
 from dataclasses import replace
 from pathlib import Path
 
 from specserve.engine.async_engine import AsyncEngine
-from specserve.engine.calibration import calibrate, on_passing_thread
+from specserve.engine.calibration import calibrate
 from specserve.config import LLMConfig
 from specserve.engine.config import EngineConfig
 from specserve.engine.engine import LLMEngine
@@ -39,13 +40,19 @@ class LLM:
     def __init__(self, model: str | Path | LoadedModel = DEFAULT_TARGET, dtype: str = "auto",
                  speculative_config: dict | SpeculativeConfig | None = None, *,
                  draft: LoadedModel | None = None, weights: str = "auto",
-                 **engine_options: object) -> None:
+                 defer_startup: bool = False, **engine_options: object) -> None:
         """`engine_options`: any `EngineConfig` field by name (`max_num_seqs=8`,
         `max_model_len=4096`, `kv_cache_memory`, `max_num_batched_tokens=256`,
         `enable_prefix_caching=True`, `kv_cache_dtype="auto"`), so a new engine option is a
         keyword here with nothing else to edit. Everything is validated, as one `LLMConfig`,
         before anything loads. (Deprecation: the arguments after `speculative_config` are
-        keyword-only now; they were never documented positionally.)"""
+        keyword-only now; they were never documented positionally.)
+
+        The start-up work that runs kernels (the draft's restricted head, the cost model's
+        timed passes) runs here, on the thread that builds the LLM (the one that calls
+        `generate` after); `defer_startup=True` leaves it to the thread that first steps the
+        engine (`async_engine()`'s, when serving), so that one thread runs every kernel (see
+        `LLMEngine.run_startup`)."""
         self.config = LLMConfig.from_kwargs(model, dtype, speculative_config, weights,
                                             **engine_options)
         check_draft(draft)
@@ -63,27 +70,31 @@ class LLM:
             self.target.model, self.draft.model if uses_draft else None,
             config.kv_cache_memory, config.block_size, max_len + MAX_SPECULATIVE_TOKENS + 1,
             config.kv_cache_dtype)
-        if draft_runner is not None and self.spec.draft_vocab_size is not None:
-            tok = self.draft.tokenizer  # its added (special) tokens stay in the head
-            extra = [*tok.backend.get_added_tokens_decoder(), *tok.eos_token_ids]
-            draft_runner.head = restricted_head(self.draft.model, self.spec.draft_vocab_size,
-                                                extra)
         spec = None if self.spec is None else build_controller(
             self.spec, draft_runner, self.target.config.vocab_size,
             config.max_num_batched_tokens, max_len, config.enable_prefix_caching)
         self.engine = LLMEngine(runner, runner.block_manager(config.enable_prefix_caching),
                                 self.target.tokenizer, config, spec)
+        work = []  # start-up work that runs kernels (see `defer_startup`)
+        if draft_runner is not None and self.spec.draft_vocab_size is not None:
+            tok = self.draft.tokenizer  # its added (special) tokens stay in the head
+            extra = [*tok.backend.get_added_tokens_decoder(), *tok.eos_token_ids]
+            work.append(partial(_restrict_head, draft_runner, self.draft.model,
+                                self.spec.draft_vocab_size, extra))
         if spec is not None and self.spec.policy_name == "cost_aware" and spec.cap > 0:
-            # timed passes on a thread that ends: the thread building the engine may never
-            # run a kernel again (the server's), and must not keep an OpenMP team
-            on_passing_thread(calibrate, spec.cost, runner, draft_runner, spec.cap)
+            work.append(partial(calibrate, spec.cost, runner, draft_runner, spec.cap))
+        if work:
+            self.engine.startup = partial(_run_each, work)
+            if not defer_startup:
+                self.engine.run_startup()
         self._lock = threading.Lock()  # one generate/chat call drives the engine at a time
         self._driver = None  # an AsyncEngine running the engine: calls go through it
 
     @classmethod
-    def from_config(cls, config: LLMConfig, draft: LoadedModel | None = None) -> LLM:
+    def from_config(cls, config: LLMConfig, draft: LoadedModel | None = None,
+                    defer_startup: bool = False) -> LLM:
         """The LLM of a configuration tree (e.g. `LLMConfig.from_args` of a command)."""
-        return cls(**config.kwargs(), draft=draft)
+        return cls(**config.kwargs(), draft=draft, defer_startup=defer_startup)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -190,6 +201,16 @@ class LLM:
     def reset_prefix_cache(self) -> int:
         """Forget the cached prompt prefixes (the next request prefills from scratch)."""
         return self.engine.reset_prefix_cache()
+
+
+def _run_each(work: list) -> None:
+    for step in work:
+        step()
+
+
+def _restrict_head(draft_runner, model, keep: int, extra: list[int]) -> None:
+    """The draft's head over its most frequent ids (`restricted_head`), before its first pass."""
+    draft_runner.head = restricted_head(model, keep, extra)
 
 
 def check_same_vocabulary(target: Tokenizer, draft: Tokenizer) -> None:

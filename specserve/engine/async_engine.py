@@ -59,8 +59,13 @@ class AsyncEngine:
         self._dead: str | None = None  # why the engine serves no more
         self._watchdog = (StepWatchdog(step_timeout, self._overran) if step_timeout is not None
                           else None)
+        self._started = threading.Event()  # the engine's start-up work ran on the thread
+        self._startup_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
         self._thread.start()
+        self._started.wait()
+        if self._startup_error is not None:
+            raise self._startup_error
 
     @staticmethod
     def from_llm(llm, step_timeout: float | None = None) -> AsyncEngine:
@@ -218,6 +223,13 @@ class AsyncEngine:
             self._wake.notify_all()
 
     def _run(self) -> None:
+        try:  # the engine's deferred start-up work, on the thread that runs every step
+            self.engine.run_startup()
+        except BaseException as e:  # noqa: BLE001 - raised in the constructor
+            self._startup_error = e
+            self._started.set()
+            return
+        self._started.set()
         crashed = True
         try:
             while self._next_step():

@@ -4,7 +4,6 @@ harness it (and the bench's verify-cost table) times passes with."""
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from contextlib import contextmanager, nullcontext
 from functools import partial
@@ -13,34 +12,6 @@ from typing import Callable, Hashable
 import torch
 
 PREFILL_ROWS = 64  # rows of the draft pass that prices a draft prefill position
-
-
-def on_passing_thread(fn: Callable, *args):
-    """`fn(*args)` on a thread of its own that ends when it returns (its result, or its
-    exception re-raised here).
-
-    The native kernels' OpenMP runtime gives every thread that starts a parallel region a team
-    of its own, kept until that thread exits. Once more threads are kept than the machine has
-    cores, libgomp stops letting idle workers spin and puts them to sleep instead, so every
-    parallel region (a decode step has over a hundred) waits for its workers to wake: on two
-    cores, a step run by the engine's thread took 1.6x as long while the thread that built
-    the engine kept its team (measured: 28 vs 46 tokens/s). Start-up work whose thread lives
-    on (the server's main thread) runs its kernels here instead."""
-    result: list = []
-
-    def run() -> None:
-        try:
-            result.append((True, fn(*args)))
-        except BaseException as err:  # noqa: BLE001 - re-raised on the calling thread
-            result.append((False, err))
-
-    thread = threading.Thread(target=run, name="specserve-calibration")
-    thread.start()
-    thread.join()
-    ok, value = result[0]
-    if not ok:
-        raise value
-    return value
 
 
 def calibrate(cost, runner, draft_runner, cap: int, prefix_len: int = 32,

@@ -69,7 +69,7 @@ def cmd_serve(args) -> int:
         from specserve.server.replicas.launch import serve_replicas
         return serve_replicas(server, config)
     start = time.perf_counter()
-    llm = LLM.from_config(config)
+    llm = LLM.from_config(config, defer_startup=True)  # timed on the engine's thread
     draft = f" + draft {llm.draft.path.name}" if llm.draft is not None else ""
     log.info("specserve: loaded %s%s (%s weights, speculation %s) in %.1f s", llm.target.path.name,
              draft, config.load.weights, config.speculative or "off", time.perf_counter() - start)

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from specserve import llm as llm_module
-from specserve.engine.calibration import calibrate, on_passing_thread
+from specserve.engine.calibration import calibrate
 from specserve.llm import LLM
 from specserve.sampling.params import SamplingParams
 from tests import tiny
@@ -208,8 +208,7 @@ def test_cost_aware_engine_starts_calibrated(int8_pair, monkeypatch):
     monkeypatch.setattr(llm_module, "calibrate", watched)
     llm = LLM(target, draft=draft, speculative_config=spec(-1, max_k=5))
     assert len(runs) == 1
-    # on a thread of its own that has ended: the constructing thread keeps no OpenMP team
-    assert threads[0] is not threading.current_thread() and not threads[0].is_alive()
+    assert threads[0] is threading.current_thread()  # the thread that builds it
     (cost, runner, draft_runner), measured = runs[0]
     assert cost is llm.engine.spec.cost and runner is llm.engine.runner
     assert draft_runner is llm.engine.spec.model.runner
@@ -227,13 +226,42 @@ def test_cost_aware_engine_starts_calibrated(int8_pair, monkeypatch):
     assert len(runs) == 1
 
 
-def test_a_failure_on_the_passing_thread_is_raised_on_the_caller():
-    def boom(x):
-        raise ValueError(f"bad {x}")
+def test_a_deferred_start_up_is_timed_on_the_engine_thread_before_it_serves(int8_pair,
+                                                                            monkeypatch):
+    """`defer_startup` (the server's): the timed passes run on the AsyncEngine's thread, the
+    one that then runs every step, before the AsyncEngine is handed out; a failure there is
+    raised from `async_engine()`."""
+    target, draft = int8_pair
+    threads = []
 
-    with pytest.raises(ValueError, match="bad 3"):
-        on_passing_thread(boom, 3)
-    assert on_passing_thread(lambda a, b: a + b, 2, 5) == 7
+    def watched(*args):
+        threads.append(threading.current_thread())
+        return calibrate(*args)
+
+    monkeypatch.setattr(llm_module, "calibrate", watched)
+    llm = LLM(target, draft=draft, speculative_config=spec(-1, max_k=3), defer_startup=True)
+    assert threads == [] and llm.engine.startup is not None
+    engine = llm.async_engine()
+    try:
+        assert threads == [engine._thread] and llm.engine.startup is None
+        assert llm.engine.cost.verify_time(0) != 1.0  # seeded
+        out = llm.generate(PROMPT, greedy(8))[0].outputs[0]
+        assert threads == [engine._thread] and len(out.token_ids) == 8
+    finally:
+        engine.shutdown(0)
+
+    def broken(*args):
+        raise RuntimeError("no room for a timing pass")
+
+    monkeypatch.setattr(llm_module, "calibrate", broken)
+    failing = LLM(target, draft=draft, speculative_config=spec(-1, max_k=3), defer_startup=True)
+    with pytest.raises(RuntimeError, match="no room"):
+        failing.async_engine()
+    # used offline instead, the first step runs it on the stepping thread
+    monkeypatch.setattr(llm_module, "calibrate", watched)
+    offline = LLM(target, draft=draft, speculative_config=spec(-1, max_k=3), defer_startup=True)
+    offline.generate(PROMPT, greedy(4))
+    assert threads[-1] is threading.current_thread() and offline.engine.startup is None
 
 
 @pytest.mark.parametrize("method", ["suffix", "hybrid"])

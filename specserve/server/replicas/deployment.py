@@ -104,7 +104,7 @@ class EngineReplica:
         self.replica = serve.get_replica_context().replica_id.unique_id
         _foreground_priority()
         try:
-            self.llm = LLM(**llm_kwargs)
+            self.llm = LLM(**llm_kwargs, defer_startup=True)  # timed on the engine thread
         except (ValueError, OSError, MemoryError) as e:  # what the CLI reports in one line
             self.start_failure = StartFailure("value" if isinstance(e, ValueError) else "os",
                                               str(e))
