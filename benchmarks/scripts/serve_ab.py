@@ -22,6 +22,32 @@ import time
 from specserve.bench import workloads
 
 PROMPTS = ("code_edit", "creative", "summarize", "chat_short")
+# open text, where lookups rarely pay: "mixed" interleaves these with the answer-checked tasks
+STORY_TOPICS = ("a lighthouse keeper who finds a message in a bottle", "a dragon afraid of heights",
+                "the first snow in a mountain village", "a robot learning to paint",
+                "two rival bakers in Paris", "a lost cat finding its way home",
+                "an astronaut's letter to her daughter", "a pirate who hates water",
+                "a library that opens only at midnight", "a violinist who loses her hearing",
+                "the last tree in a desert town", "a detective who cannot remember faces")
+
+
+def prompt_pool(which: str) -> list[tuple[str, str]]:
+    """(name, text) prompts: the shipped workloads (their names, comma-separated), or "mixed":
+    the answer-checked tasks (code edits, arithmetic, extraction) and short-story requests,
+    interleaved, every text distinct (so no request's answer repeats an earlier one)."""
+    if which != "mixed":
+        return [(n, workloads.load(n)) for n in which.split(",")]
+    from specserve.bench.tasks import load_tasks
+
+    tasks = [(t.kind, t.prompt) for t in load_tasks()]
+    stories = [("story", f"Write a short story about {topic}.") for topic in STORY_TOPICS]
+    kinds = [[t for t in tasks if t[0] == k] for k in ("code_edit", "arithmetic", "extraction")]
+    pool = []
+    for i in range(max(len(stories), *map(len, kinds))):
+        for group in (*kinds, stories):
+            if i < len(group):
+                pool.append(group[i])
+    return pool
 
 
 def stream(port: int, text: str, args, api_key: str | None) -> dict:
@@ -88,22 +114,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--api-keys", default="", help="a key per port, comma-separated (empty: none)")
-    p.add_argument("--prompts", default=",".join(PROMPTS), help="shipped workloads, cycled")
+    p.add_argument("--prompts", default=",".join(PROMPTS),
+                   help='shipped workloads (cycled), or "mixed" (distinct prompts, see prompt_pool)')
     p.add_argument("--out", default=None, help="write every round here (JSON)")
     args = p.parse_args(argv)
     ports = [int(x) for x in args.ports.split(",")]
     keys = (args.api_keys.split(",") + [""] * len(ports))[:len(ports)]
     labels = args.names.split(",") if args.names else [str(port) for port in ports]
-    names = args.prompts.split(",")
-    texts = [workloads.load(n) for n in names]
+    pool = prompt_pool(args.prompts)
+    names, texts = [n for n, _ in pool], [t for _, t in pool]
+    if args.prompts == "mixed" and (args.rounds + 1) * args.clients > len(pool):
+        p.error(f"mixed: {len(pool)} distinct prompts, fewer than (rounds + 1) x clients")
     rounds = {port: [] for port in ports}
     for r in range(args.rounds + 1):  # round 0: warm-up
         order = ports[r % len(ports):] + ports[:r % len(ports)]
         for side in order:
-            batch = [f"[{time.time_ns()}-{i}] " + texts[(r + i) % len(texts)]
+            at = r * args.clients if args.prompts == "mixed" else r  # mixed: never repeated
+            batch = [f"[{time.time_ns()}-{i}] " + texts[(at + i) % len(texts)]
                      for i in range(args.clients)]
             res = one_round(side, batch, args, keys[ports.index(side)] or None)
-            res["round"], res["prompts"] = r, [names[(r + i) % len(names)]
+            res["round"], res["prompts"] = r, [names[(at + i) % len(names)]
                                                for i in range(args.clients)]
             if r:
                 rounds[side].append(res)
