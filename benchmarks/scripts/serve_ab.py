@@ -30,6 +30,9 @@ STORY_TOPICS = ("a lighthouse keeper who finds a message in a bottle", "a dragon
                 "a library that opens only at midnight", "a violinist who loses her hearing",
                 "the last tree in a desert town", "a detective who cannot remember faces")
 
+STORY_FORMS = ("Write a short story about {}.", "Write a poem about {}.",
+               "Write a diary entry by {}.", "Write a dialogue between two people about {}.")
+
 
 def prompt_pool(which: str) -> list[tuple[str, str]]:
     """(name, text) prompts: the shipped workloads (their names, comma-separated), or "mixed":
@@ -40,7 +43,7 @@ def prompt_pool(which: str) -> list[tuple[str, str]]:
     from specserve.bench.tasks import load_tasks
 
     tasks = [(t.kind, t.prompt) for t in load_tasks()]
-    stories = [("story", f"Write a short story about {topic}.") for topic in STORY_TOPICS]
+    stories = [("story", form.format(topic)) for form in STORY_FORMS for topic in STORY_TOPICS]
     kinds = [[t for t in tasks if t[0] == k] for k in ("code_edit", "arithmetic", "extraction")]
     pool = []
     for i in range(max(len(stories), *map(len, kinds))):
@@ -104,6 +107,37 @@ def one_round(port: int, texts: list[str], args, api_key: str | None) -> dict:
             "requests": results}
 
 
+def queue_round(port: int, texts: list[str], args, api_key: str | None) -> dict:
+    """`texts` served by `args.clients` clients, each sending the next one as soon as its
+    previous reply ended (the server's slots stay busy until the queue runs dry)."""
+    results: list = [None] * len(texts)
+    lock, todo = threading.Lock(), iter(range(len(texts)))
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            try:
+                results[i] = stream(port, texts[i], args, api_key)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                results[i] = exc
+
+    threads = [threading.Thread(target=work) for _ in range(args.clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    errors = [r for r in results if isinstance(r, Exception)]
+    if errors:
+        raise errors[0]
+    return {"wall_s": wall, "tokens_per_s": sum(r["tokens"] for r in results) / wall,
+            "requests": results}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ports", required=True, help="A,B[,C...]: A is the reference")
@@ -116,6 +150,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--api-keys", default="", help="a key per port, comma-separated (empty: none)")
     p.add_argument("--prompts", default=",".join(PROMPTS),
                    help='shipped workloads (cycled), or "mixed" (distinct prompts, see prompt_pool)')
+    p.add_argument("--queue", type=int, default=0,
+                   help="a round is this many prompts through the clients, each client sending "
+                        "its next as soon as its reply ends (0: one prompt per client at once)")
     p.add_argument("--out", default=None, help="write every round here (JSON)")
     args = p.parse_args(argv)
     ports = [int(x) for x in args.ports.split(",")]
@@ -123,24 +160,26 @@ def main(argv: list[str] | None = None) -> None:
     labels = args.names.split(",") if args.names else [str(port) for port in ports]
     pool = prompt_pool(args.prompts)
     names, texts = [n for n, _ in pool], [t for _, t in pool]
-    if args.prompts == "mixed" and (args.rounds + 1) * args.clients > len(pool):
-        p.error(f"mixed: {len(pool)} distinct prompts, fewer than (rounds + 1) x clients")
+    per_round = args.queue or args.clients
+    if args.prompts == "mixed" and (args.rounds + 1) * per_round > len(pool):
+        p.error(f"mixed: {len(pool)} distinct prompts, fewer than (rounds + 1) x the round's")
     rounds = {port: [] for port in ports}
     for r in range(args.rounds + 1):  # round 0: warm-up
         order = ports[r % len(ports):] + ports[:r % len(ports)]
         for side in order:
-            at = r * args.clients if args.prompts == "mixed" else r  # mixed: never repeated
+            at = r * per_round if args.prompts == "mixed" else r  # mixed: never repeated
             batch = [f"[{time.time_ns()}-{i}] " + texts[(at + i) % len(texts)]
-                     for i in range(args.clients)]
-            res = one_round(side, batch, args, keys[ports.index(side)] or None)
+                     for i in range(per_round)]
+            run_round = queue_round if args.queue else one_round
+            res = run_round(side, batch, args, keys[ports.index(side)] or None)
             res["round"], res["prompts"] = r, [names[(at + i) % len(names)]
-                                               for i in range(args.clients)]
+                                               for i in range(per_round)]
             if r:
                 rounds[side].append(res)
             print(f"round {r} {labels[ports.index(side)]}: {res['tokens_per_s']:.2f} tok/s, "
                   f"ttft {[round(q['ttft_s'] or 0, 2) for q in res['requests']]}", flush=True)
     ref = rounds[ports[0]]
-    summary = {"clients": args.clients, "max_tokens": args.max_tokens,
+    summary = {"clients": args.clients, "queue": args.queue, "max_tokens": args.max_tokens,
                "temperature": args.temperature, "rounds": args.rounds, "servers": {}}
     for label, port in zip(labels, ports):
         ratios = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(rounds[port], ref)]
