@@ -335,4 +335,4 @@ def engine_stats(engine: LLMEngine) -> EngineStats:
         prefix_cache_hit_tokens=engine.prefix_cache_hit_tokens,
         prompt_tokens_computed=engine.prompt_tokens_computed,
         spec=copy.deepcopy(engine.metrics.total), rolling_acceptance=window.acceptance_rate,
-        healthy=window.healthy)
+        healthy=window.healthy, kv_touched_bytes=engine.kv_touched_bytes)

@@ -49,6 +49,7 @@ class BlockManager:
         self._node_of: dict[int, int] = {}  # registered block → its key node
         self._next_node = _ROOT + 1
         self._idle: OrderedDict[int, None] = OrderedDict()  # registered, unheld; oldest first
+        self.high_water = 0  # blocks 0..high_water − 1 were taken at some point (their pages mapped)
 
     @staticmethod
     def new_table() -> BlockTable:
@@ -147,6 +148,7 @@ class BlockManager:
     def _take(self) -> int:
         if self._free:
             block = self._free.pop()
+            self.high_water = max(self.high_water, block + 1)
         else:  # evict the least recently released cached block
             block, _ = self._idle.popitem(last=False)
             del self._by_key[self._key_of.pop(block)]

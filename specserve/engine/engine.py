@@ -382,6 +382,17 @@ class LLMEngine:
         return self.scheduler.blocks.num_used
 
     @property
+    def kv_touched_bytes(self) -> int:
+        """Bytes of the KV pools (the target's and the draft model's) whose blocks were ever
+        taken: the pools are mapped lazily, so this is what they hold resident, at most the
+        budget. A prefix cache that keeps finished prompts' blocks grows it toward the budget."""
+        total = self.scheduler.blocks.high_water * self.runner.block_bytes
+        model = self.spec.model if self.spec is not None else None
+        if model is not None:
+            total += model.blocks.high_water * model.runner.block_bytes
+        return total
+
+    @property
     def preemptions(self) -> int:
         return self.scheduler.num_preemptions
 

@@ -146,3 +146,4 @@ class EngineStats:
     spec: SpecMetrics  # engine-wide totals
     rolling_acceptance: float | None
     healthy: bool  # rolling acceptance >= 0.6 (or nothing drafted yet)
+    kv_touched_bytes: int = 0  # KV pool bytes ever taken (resident), at most the budget

@@ -26,6 +26,12 @@ class ModelRunner:
             else model.new_pool(num_blocks, block_size, dtype=kv_dtype)
         self.head = None  # a head of its own for the model's passes (a restricted draft head)
 
+    @property
+    def block_bytes(self) -> int:
+        """Bytes one block takes in this runner's pools (keys and values, every layer)."""
+        keys = self.cache.keys
+        return 2 * keys[:, 0].numel() * keys.element_size()
+
     def block_manager(self, prefix_caching: bool = True) -> BlockManager:
         """A new block manager for this runner's pools (its owner keeps it)."""
         return BlockManager(self.num_blocks, self.block_size, prefix_caching)

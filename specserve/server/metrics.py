@@ -57,6 +57,9 @@ class EngineCollector:
         yield self._gauge("specserve:kv_cache_blocks_used", "KV cache blocks in use.", s.kv_blocks_used)
         yield self._gauge("specserve:kv_cache_blocks_total", "KV cache blocks in the budget.",
                           s.kv_blocks_total)
+        yield self._gauge("specserve:kv_cache_touched_bytes", "Bytes of the KV pools whose "
+                          "blocks were ever taken (resident: the pools are mapped lazily; at "
+                          "most the budget).", s.kv_touched_bytes)
         yield self._counter("vllm:num_preemptions", "Requests preempted (their KV cache freed, "
                             "to be recomputed) because the KV budget was full.", s.preemptions)
         yield self._counter("specserve:requests_aborted", "Requests aborted: the client went away, "

@@ -28,6 +28,7 @@ import httpx
 from specserve.server.loadgen import PROMPTS
 
 OVERSIZED = 5 << 20  # beyond the default --max-request-bytes (4 MiB)
+KV_TOUCHED = "specserve:kv_cache_touched_bytes"
 
 
 def stream_once(http: httpx.Client, model: str, prompt: str, max_tokens: int,
@@ -90,7 +91,7 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
     stop_at = time.monotonic() + duration
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
         model = http.get("/v1/models").json()["data"][0]["id"]
-    rss = {"start": rss_kib(pid)}
+    rss = {"start": rss_kib(pid), "kv_start": 0.0}
 
     def count(kind: str, outcome: str) -> None:
         with lock:
@@ -119,6 +120,8 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
     def sample_after_warmup() -> None:
         time.sleep(min(warmup, duration))
         rss["start"] = rss_kib(pid)
+        with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
+            rss["kv_start"] = gauge(http, KV_TOUCHED)
 
     threads = [threading.Thread(target=streaming, args=(w,)) for w in range(clients)]
     threads.append(threading.Thread(target=sample_after_warmup))
@@ -135,11 +138,17 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
                                              or gauge(http, "vllm:num_requests_waiting")):
             time.sleep(0.2)
         kv_blocks = gauge(http, "specserve:kv_cache_blocks_used")
-    return summary(outcomes, clients, duration, rss["start"], rss_kib(pid), kv_blocks)
+        kv_end = gauge(http, KV_TOUCHED)
+    return summary(outcomes, clients, duration, rss["start"], rss_kib(pid), kv_blocks,
+                   rss["kv_start"], kv_end)
 
 
 def summary(outcomes: Counter, clients: int, duration: float, rss_start: int | None,
-            rss_end: int | None, kv_blocks: float) -> dict:
+            rss_end: int | None, kv_blocks: float, kv_start: float = 0.0,
+            kv_end: float = 0.0) -> dict:
+    """The run's figures. Resident memory also counts the KV pools' blocks once taken (mapped
+    lazily, at most the budget: a prefix cache keeping finished prompts fills them), so the
+    change is given with and without those bytes."""
     by_outcome = Counter()
     for key, value in outcomes.items():
         by_outcome[key.split(":")[1]] += value
@@ -149,6 +158,11 @@ def summary(outcomes: Counter, clients: int, duration: float, rss_start: int | N
             "outcomes": dict(sorted(outcomes.items())), "rss_start_kib": rss_start,
             "rss_end_kib": rss_end, "rss_change": (round(rss_end / rss_start - 1, 4)
                                                    if rss_start and rss_end else None),
+            "kv_touched_mib_start": round(kv_start / 2**20, 1),
+            "kv_touched_mib_end": round(kv_end / 2**20, 1),
+            "rss_change_excluding_kv": (
+                round((rss_end - kv_end / 1024) / (rss_start - kv_start / 1024) - 1, 4)
+                if rss_start and rss_end else None),
             "kv_blocks_in_use_after": int(kv_blocks)}
 
 

@@ -99,3 +99,18 @@ def test_reset_prefix_cache_frees_unheld_cached_blocks_and_keeps_held_ones():
     grab = BlockTable()
     assert m.reserve(grab, 20) and sorted(grab.blocks) == sorted({0, 1, 2, 3, 4, 5} - set(held.blocks))
     assert m.reset_prefix_cache() == 0
+
+
+def test_high_water_counts_the_blocks_ever_taken_and_recycled_blocks_come_first():
+    m = BlockManager(8, BS)
+    a, b = BlockTable(), BlockTable()
+    m.reserve(a, 12)  # blocks 0..2
+    assert m.high_water == 3
+    m.free(a)  # unregistered: back on the free stack, taken again before untouched ones
+    m.reserve(b, 8)
+    assert m.high_water == 3 and sorted(b.blocks) == [0, 1]
+    m.register(b, list(range(8)), 8)
+    m.free(b)  # cached, unheld: kept, so the next table touches a new block
+    c = BlockTable()
+    m.reserve(c, 8)
+    assert m.high_water == 4

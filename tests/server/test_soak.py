@@ -16,6 +16,7 @@ def test_a_short_soak_serves_everyone_with_no_5xx_no_loss_and_frees_the_kv_cache
     assert figures["served"] > 0 and figures["answers_5xx"] == 0 and figures["lost"] == 0, figures
     assert figures["kv_blocks_in_use_after"] == 0
     assert figures["rss_start_kib"] > 0 and figures["rss_end_kib"] > 0
+    assert 0 < figures["kv_touched_mib_end"] and figures["rss_change_excluding_kv"] is not None
     bad = {k: v for k, v in figures["outcomes"].items() if k.startswith(("malformed", "oversized"))}
     assert bad and all(k.endswith(":4xx") for k in bad), figures["outcomes"]
 
@@ -26,3 +27,6 @@ def test_the_summary_sorts_outcomes_into_served_errors_and_losses():
     figures = soak.summary(outcomes, 16, 600, 1000, 1040, 0)
     assert (figures["served"], figures["answers_5xx"], figures["answers_4xx"], figures["lost"],
             figures["left_early"], figures["rss_change"]) == (6, 2, 3, 1, 4, 0.04)
+    # 1000 → 1040 KiB resident, of which the KV pools' touched blocks 0 → 40 KiB: flat
+    touched = soak.summary(outcomes, 16, 600, 1000, 1040, 0, 0.0, 40 * 1024.0)
+    assert touched["rss_change"] == 0.04 and touched["rss_change_excluding_kv"] == 0.0

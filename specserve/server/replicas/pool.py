@@ -187,6 +187,7 @@ def merge_stats(parts: list[EngineStats]) -> EngineStats:
         preemptions=sum(p.preemptions for p in parts), aborted=sum(p.aborted for p in parts),
         prefix_cache_hit_tokens=sum(p.prefix_cache_hit_tokens for p in parts),
         prompt_tokens_computed=sum(p.prompt_tokens_computed for p in parts), spec=spec,
+        kv_touched_bytes=sum(p.kv_touched_bytes for p in parts),
         rolling_acceptance=sum(rolling) / len(rolling) if rolling else None,
         healthy=bool(parts) and all(p.healthy for p in parts))
 
