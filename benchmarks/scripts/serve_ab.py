@@ -84,32 +84,9 @@ def stream(port: int, text: str, args, api_key: str | None) -> dict:
     return {"tokens": tokens or pieces, "ttft_s": ttft, "e2e_s": time.perf_counter() - t0}
 
 
-def one_round(port: int, texts: list[str], args, api_key: str | None) -> dict:
-    results: list[dict | Exception] = [None] * len(texts)
-
-    def work(i: int) -> None:
-        try:
-            results[i] = stream(port, texts[i], args, api_key)
-        except Exception as exc:  # noqa: BLE001 - reported below
-            results[i] = exc
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(texts))]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    errors = [r for r in results if isinstance(r, Exception)]
-    if errors:
-        raise errors[0]
-    return {"wall_s": wall, "tokens_per_s": sum(r["tokens"] for r in results) / wall,
-            "requests": results}
-
-
-def queue_round(port: int, texts: list[str], args, api_key: str | None) -> dict:
-    """`texts` served by `args.clients` clients, each sending the next one as soon as its
-    previous reply ended (the server's slots stay busy until the queue runs dry)."""
+def run_round(port: int, texts: list[str], args, api_key: str | None, clients: int) -> dict:
+    """`texts` served by `clients` clients, each sending the next one as soon as its previous
+    reply ended (`clients` = len(texts): all at once)."""
     results: list = [None] * len(texts)
     lock, todo = threading.Lock(), iter(range(len(texts)))
 
@@ -124,7 +101,7 @@ def queue_round(port: int, texts: list[str], args, api_key: str | None) -> dict:
             except Exception as exc:  # noqa: BLE001 - reported below
                 results[i] = exc
 
-    threads = [threading.Thread(target=work) for _ in range(args.clients)]
+    threads = [threading.Thread(target=work) for _ in range(clients)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
@@ -170,8 +147,7 @@ def main(argv: list[str] | None = None) -> None:
             at = r * per_round if args.prompts == "mixed" else r  # mixed: never repeated
             batch = [f"[{time.time_ns()}-{i}] " + texts[(at + i) % len(texts)]
                      for i in range(per_round)]
-            run_round = queue_round if args.queue else one_round
-            res = run_round(side, batch, args, keys[ports.index(side)] or None)
+            res = run_round(side, batch, args, keys[ports.index(side)] or None, args.clients)
             res["round"], res["prompts"] = r, [names[(at + i) % len(names)]
                                                for i in range(per_round)]
             if r:
