@@ -199,8 +199,8 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     def run_startup(self) -> None:
-        """Run the start-up work (`startup`: the cost model's timed passes), once, on this
-        thread. It belongs on the thread that will step the engine: the kernels' OpenMP
+        """Run the start-up work (`startup`: the draft's restricted head, the cost model's timed
+        passes), once, on this thread. It belongs on the thread that will step the engine: the kernels' OpenMP
         runtime keeps a team of workers for every thread that ever ran a parallel region, and
         once it counts more threads than cores it stops letting idle workers spin, so every
         parallel region (a decode step has over a hundred) waits for its workers to wake. On two

@@ -43,7 +43,6 @@
 #define ROWS 8     /* rows of one sequence per work item, sharing each key and value load */
 #define PTILE 64   /* positions per value tile (kept in L1 for all rows of an item) */
 #define AHEAD 16   /* positions whose keys are prefetched ahead of the score tile */
-#define MAX_HD 256 /* head dims up to this: a score tile's keys are widened once into a buffer */
 
 #if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define AT_AVX512 1 /* two query heads (scores) or 16 columns (values) per register; each
@@ -157,20 +156,18 @@ static inline __attribute__((always_inline)) void scores(
         for (int t = 0; t < TILE; t++) k[t] = off[p0 + t < nmax ? p0 + t : nmax - 1];
         for (int64_t p = p0 + AHEAD; p < p0 + AHEAD + TILE && p < nmax; p++)
             for (int64_t j = 0; j < hd; j += line) kv_prefetch(kp, off[p] + j, kind, _MM_HINT_T0);
-        /* the tile's keys as float32 rows of kt (a float32 pool's own rows), widened once
+        /* the tile's keys as float32 rows: a float32 pool's own, else widened once into kt
          * for all m·G query vectors instead of once per vector */
         const float *key[TILE];
         for (int t = 0; t < TILE; t++) {
-            if (kind == KV_F32 || hd > MAX_HD) {
-                key[t] = NULL;
+            if (kind == KV_F32) {
+                key[t] = (const float *)kp + k[t];
                 continue;
             }
             for (int64_t j = 0; j < hd; j += 8)
                 _mm256_storeu_ps(kt + t * hd + j, kv_load(kp, k[t] + j, kind));
             key[t] = kt + t * hd;
         }
-        if (kind == KV_F32)
-            for (int t = 0; t < TILE; t++) key[t] = (const float *)kp + k[t];
         for (int i = 0; i < m; i++) {
             if (p0 >= n[i]) continue;
             const int valid = n[i] - p0 < TILE ? (int)(n[i] - p0) : TILE;
@@ -178,49 +175,40 @@ static inline __attribute__((always_inline)) void scores(
                                               _mm256_set1_ps((float)valid), _CMP_LT_OQ);
             int g = 0;
 #if AT_AVX512
-            if (key[0] != NULL)
-                for (; g + 1 < G; g += 2) {  /* heads g (low lanes) and g + 1 (high lanes) */
-                    const int64_t idx = (int64_t)i * G + g;
-                    const float *qg = qs + idx * hd;
-                    __m512 acc[TILE];
-                    for (int t = 0; t < TILE; t++) acc[t] = _mm512_setzero_ps();
-                    for (int64_t j = 0; j < hd; j += 8) {
-                        const __m512 qv = _mm512_insertf32x8(
-                            _mm512_castps256_ps512(_mm256_loadu_ps(qg + j)),
-                            _mm256_loadu_ps(qg + hd + j), 1);
-                        for (int t = 0; t < TILE; t++)
-                            acc[t] = _mm512_fmadd_ps(
-                                qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(key[t] + j)), acc[t]);
-                    }
-                    for (int h = 0; h < 2; h++) {
-                        __m256 half[TILE];
-                        for (int t = 0; t < TILE; t++)
-                            half[t] = h ? _mm512_extractf32x8_ps(acc[t], 1)
-                                        : _mm512_castps512_ps256(acc[t]);
-                        const __m256 sc =
-                            _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), hsum8x8(half), live);
-                        _mm256_storeu_ps(s + (idx + h) * np + p0, sc);
-                        vmax[idx + h] = _mm256_max_ps(vmax[idx + h], sc);
-                    }
+            for (; g + 1 < G; g += 2) {  /* heads g (low lanes) and g + 1 (high lanes) */
+                const int64_t idx = (int64_t)i * G + g;
+                const float *qg = qs + idx * hd;
+                __m512 acc[TILE];
+                for (int t = 0; t < TILE; t++) acc[t] = _mm512_setzero_ps();
+                for (int64_t j = 0; j < hd; j += 8) {
+                    const __m512 qv = _mm512_insertf32x8(
+                        _mm512_castps256_ps512(_mm256_loadu_ps(qg + j)),
+                        _mm256_loadu_ps(qg + hd + j), 1);
+                    for (int t = 0; t < TILE; t++)
+                        acc[t] = _mm512_fmadd_ps(
+                            qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(key[t] + j)), acc[t]);
                 }
+                for (int h = 0; h < 2; h++) {
+                    __m256 half[TILE];
+                    for (int t = 0; t < TILE; t++)
+                        half[t] = h ? _mm512_extractf32x8_ps(acc[t], 1)
+                                    : _mm512_castps512_ps256(acc[t]);
+                    const __m256 sc =
+                        _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), hsum8x8(half), live);
+                    _mm256_storeu_ps(s + (idx + h) * np + p0, sc);
+                    vmax[idx + h] = _mm256_max_ps(vmax[idx + h], sc);
+                }
+            }
 #endif
             for (; g < G; g++) {
                 const int64_t idx = (int64_t)i * G + g;
                 const float *qg = qs + idx * hd;
                 __m256 acc[TILE];
                 for (int t = 0; t < TILE; t++) acc[t] = _mm256_setzero_ps();
-                if (key[0] != NULL) {
-                    for (int64_t j = 0; j < hd; j += 8) {
-                        const __m256 qv = _mm256_loadu_ps(qg + j);
-                        for (int t = 0; t < TILE; t++)
-                            acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(key[t] + j), acc[t]);
-                    }
-                } else {
-                    for (int64_t j = 0; j < hd; j += 8) {
-                        const __m256 qv = _mm256_loadu_ps(qg + j);
-                        for (int t = 0; t < TILE; t++)
-                            acc[t] = _mm256_fmadd_ps(qv, kv_load(kp, k[t] + j, kind), acc[t]);
-                    }
+                for (int64_t j = 0; j < hd; j += 8) {
+                    const __m256 qv = _mm256_loadu_ps(qg + j);
+                    for (int t = 0; t < TILE; t++)
+                        acc[t] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(key[t] + j), acc[t]);
                 }
                 const __m256 sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), hsum8x8(acc), live);
                 _mm256_storeu_ps(s + idx * np + p0, sc);
@@ -387,7 +375,7 @@ int ragged_attention(const float *q, int64_t rows, int64_t heads, int64_t kv_hea
         float *s = aligned_alloc(64, ((size_t)(ROWS * G * max_np) * sizeof(float) + 63) / 64 * 64);
         __m256 *vmax = aligned_alloc(64, (size_t)(ROWS * G) * sizeof(__m256));
         float *inv = malloc((size_t)(ROWS * G) * sizeof(float));
-        float *kt = aligned_alloc(64, (size_t)(TILE * MAX_HD) * sizeof(float));
+        float *kt = aligned_alloc(64, ((size_t)(TILE * hd) * sizeof(float) + 63) / 64 * 64);
         const int ok = off && qs && s && vmax && inv && kt;
         if (!ok) {
 #pragma omp atomic write

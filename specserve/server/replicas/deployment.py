@@ -103,13 +103,13 @@ class EngineReplica:
         self.engine, self.start_failure = None, None
         self.replica = serve.get_replica_context().replica_id.unique_id
         _foreground_priority()
-        try:
-            self.llm = LLM(**llm_kwargs, defer_startup=True)  # timed on the engine thread
+        try:  # the start-up work runs on the engine's thread, inside async_engine()
+            self.llm = LLM(**llm_kwargs, defer_startup=True)
+            self.engine = self.llm.async_engine(step_timeout)
         except (ValueError, OSError, MemoryError) as e:  # what the CLI reports in one line
             self.start_failure = StartFailure("value" if isinstance(e, ValueError) else "os",
                                               str(e))
             return
-        self.engine = self.llm.async_engine(step_timeout)
         self.board, self.served = board, 0
         self._poster = threading.Thread(target=self._post_stats, name="stats-poster", daemon=True)
         self._poster.start()
