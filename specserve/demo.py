@@ -26,7 +26,8 @@ ORIGINS = ("accepted", "recovered", "bonus", "plain")
 IDLE_WORDS = {"no_match": "with no earlier text to continue", "did_not_pay":
               "where drafting did not pay (expected gain below cost)",
               "batch_limit": "at the batch limit", "draft_starting": "while the draft started",
-              "no_room": "with no room left", "off": "with speculation off"}
+              "no_room": "with no room left", "off": "with speculation off",
+              "backed_off": "between looks at text that rarely repeated"}
 
 
 @dataclass(frozen=True, slots=True)

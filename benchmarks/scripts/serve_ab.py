@@ -37,13 +37,16 @@ STORY_FORMS = ("Write a short story about {}.", "Write a poem about {}.",
 def prompt_pool(which: str) -> list[tuple[str, str]]:
     """(name, text) prompts: the shipped workloads (their names, comma-separated), or "mixed":
     the answer-checked tasks (code edits, arithmetic, extraction) and short-story requests,
-    interleaved, every text distinct (so no request's answer repeats an earlier one)."""
+    interleaved, every text distinct (so no request's answer repeats an earlier one); or
+    "stories": the open-text requests alone (stories, poems, diaries, dialogues)."""
+    stories = [("story", form.format(topic)) for form in STORY_FORMS for topic in STORY_TOPICS]
+    if which == "stories":
+        return stories
     if which != "mixed":
         return [(n, workloads.load(n)) for n in which.split(",")]
     from specserve.bench.tasks import load_tasks
 
     tasks = [(t.kind, t.prompt) for t in load_tasks()]
-    stories = [("story", form.format(topic)) for form in STORY_FORMS for topic in STORY_TOPICS]
     kinds = [[t for t in tasks if t[0] == k] for k in ("code_edit", "arithmetic", "extraction")]
     pool = []
     for i in range(max(len(stories), *map(len, kinds))):
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--api-keys", default="", help="a key per port, comma-separated (empty: none)")
     p.add_argument("--prompts", default=",".join(PROMPTS),
-                   help='shipped workloads (cycled), or "mixed" (distinct prompts, see prompt_pool)')
+                   help='shipped workloads (cycled), "mixed" or "stories" (distinct prompts, see prompt_pool)')
     p.add_argument("--queue", type=int, default=0,
                    help="a round is this many prompts through the clients, each client sending "
                         "its next as soon as its reply ends (0: one prompt per client at once)")
@@ -138,13 +141,14 @@ def main(argv: list[str] | None = None) -> None:
     pool = prompt_pool(args.prompts)
     names, texts = [n for n, _ in pool], [t for _, t in pool]
     per_round = args.queue or args.clients
-    if args.prompts == "mixed" and (args.rounds + 1) * per_round > len(pool):
-        p.error(f"mixed: {len(pool)} distinct prompts, fewer than (rounds + 1) x the round's")
+    distinct = args.prompts in ("mixed", "stories")
+    if distinct and (args.rounds + 1) * per_round > len(pool):
+        p.error(f"{args.prompts}: {len(pool)} distinct prompts, fewer than (rounds + 1) x the round's")
     rounds = {port: [] for port in ports}
     for r in range(args.rounds + 1):  # round 0: warm-up
         order = ports[r % len(ports):] + ports[:r % len(ports)]
         for side in order:
-            at = r * per_round if args.prompts == "mixed" else r  # mixed: never repeated
+            at = r * per_round if distinct else r  # mixed, stories: never repeated
             batch = [f"[{time.time_ns()}-{i}] " + texts[(at + i) % len(texts)]
                      for i in range(per_round)]
             res = run_round(side, batch, args, keys[ports.index(side)] or None, args.clients)

@@ -163,12 +163,13 @@ class LLMEngine:
         """Create an added request's sequences and queue them for scheduling."""
         seqs = [self._new_sequence(item.request_id, i, item.prompt_ids, item.params)
                 for i in range(item.params.n)]
+        views = self.spec.prompt_views(self.tokenizer, item.prompt_ids) if self.spec else []
         for seq in seqs:
             seq.arrival = item.arrival
             if item.speculation is not None and item.speculation.tv_budget is not None:
                 seq.tv_budget = item.speculation.tv_budget
             if self.spec is not None:
-                self.spec.add(seq, item.speculation)
+                self.spec.add(seq, item.speculation, views)
         self.output.add(item.request_id, item.prompt, item.prompt_ids, seqs, item.arrival)
         for seq in seqs:
             self.scheduler.add(seq)

@@ -160,7 +160,8 @@ class SpeculativeStats(_Out):
                                           "rounds it drafted, tokens drafted and accepted")
     idle_rounds: dict[str, int] = Field(
         default_factory=dict, description="rounds that drafted nothing, by reason: off, no_room, "
-                                          "no_match, did_not_pay, batch_limit, draft_starting")
+                                          "no_match, did_not_pay, batch_limit, draft_starting, "
+                                          "backed_off")
 
 
 class ModelCard(_Out):

@@ -39,14 +39,17 @@ from specserve.speculative.cost_aware import DEFAULT_MARGIN, CostAwarePolicy
 from specserve.speculative.cost_model import CostModel
 from specserve.speculative.draft_model import DraftModelDrafter
 from specserve.speculative.drafter import EMPTY, Proposal
-from specserve.speculative.match_stats import MatchStats
+from specserve.speculative.match_stats import MatchStats, RequestFit
 from specserve.speculative.ngram import NgramDrafter
 from specserve.speculative.policies import FixedPolicy, make_policy
-from specserve.speculative.suffix import SuffixCache, SuffixDrafter
+from specserve.speculative.suffix import SuffixCache, SuffixDrafter, escaped_view
 
 LOOKUP, MODEL = "lookup", "draft_model"  # the two kinds of source
 MODEL_AFTER_MISSES = 8  # rounds in a row without a lookup offer before a draft model starts
-IDLE_REASONS = ("off", "no_room", "no_match", "did_not_pay", "batch_limit", "draft_starting")
+BACKOFF_AFTER = 4  # idle rounds of a poorly copying sequence before its lookups thin out
+MAX_BACKOFF = 3  # ... to one look per this many rounds + 1
+IDLE_REASONS = ("off", "no_room", "no_match", "did_not_pay", "batch_limit", "draft_starting",
+                "backed_off")
 
 
 @dataclass(slots=True)
@@ -71,6 +74,9 @@ class SeqSpeculation:
     reason: str = "no_match"
     model_idle: bool = False  # the draft model drafted nothing in this sequence's last round
     lookup_misses: int = 0  # rounds in a row whose lookup offered nothing worth verifying
+    fit: RequestFit = field(default_factory=RequestFit)  # its lookups' first positions
+    idle: int = 0  # rounds in a row it was offered nothing or its offer was not taken
+    wait: int = 0  # rounds left before its next look (see `_back_off`)
 
 
 class SpeculationController:
@@ -95,8 +101,13 @@ class SpeculationController:
         return self._seqs[seq.seq_id]
 
     # ------------------------------------------------------------------ lifecycle
-    def add(self, seq, override=None) -> None:
-        """A request's sequence joins (`override`: its SpeculationOverride, or None)."""
+    def add(self, seq, override=None, views: list[list[int]] = ()) -> None:
+        """A request's sequence joins (`override`: its SpeculationOverride, or None; `views`:
+        other renderings of its prompt for a lookup that searches them, see `suffix.py`)."""
+        add_view = getattr(self.lookup, "add_view", None)
+        if add_view is not None:
+            for view in views:
+                add_view(seq, view)
         config, k = self.config, self.config.num_speculative_tokens
         name = config.policy_name
         if override is not None and override.num_speculative_tokens is not None:
@@ -120,6 +131,14 @@ class SpeculationController:
         if self.model is not None:
             self.model.finish(seq)
         self._seqs[seq.seq_id].model_idle = False
+
+    def prompt_views(self, tokenizer, prompt_ids: list[int]) -> list[list[int]]:
+        """The views of a prompt that the lookup searches (`add`'s `views`; none if it
+        searches none): the prompt escaped as a JSON string (`suffix.escaped_view`)."""
+        if not hasattr(self.lookup, "add_view"):
+            return []
+        view = escaped_view(tokenizer, prompt_ids)
+        return [view] if view else []
 
     def finish(self, seq, completed: bool) -> None:
         """The sequence left; a completed output joins the lookup's shared cache."""
@@ -158,6 +177,10 @@ class SpeculationController:
             st.candidate, st.source = NO_CANDIDATE, None
             if limit is not None and len(seqs) >= limit:
                 offer = Offer(reason="batch_limit")
+            elif st.wait > 0:
+                st.wait -= 1
+                st.lookup_misses += 1
+                offer = Offer(reason="backed_off")
             else:
                 offer = self._offer(seq, st)
             st.reason = offer.reason
@@ -168,7 +191,23 @@ class SpeculationController:
             st.source = offer.source if k else None
             if not k and offer.source is not None:
                 st.reason = "did_not_pay"
+            self._back_off(seq, st, k, len(seqs))
         return {seq.seq_id: k for seq, k in zip(seqs, ks)}
+
+    def _back_off(self, seq, st: SeqSpeculation, k: int, batch: int) -> None:
+        """Looking costs host time every round (a search of the context and the shared
+        cache: ~1% of a step per sequence at four sequences), so a sequence that copies less
+        than the engine's average (its fit below 1) and has drafted nothing for
+        `BACKOFF_AFTER` looks in a row, in a batch (where that time adds up and a verify row
+        costs more), looks only every second round, then third, then fourth, until a look
+        drafts again. Not while its draft model runs (that would make it catch up)."""
+        if k:
+            st.idle = st.wait = 0
+        elif st.reason in ("no_match", "did_not_pay"):
+            st.idle += 1
+            if (batch > 1 and st.fit.factor() < 1.0 and st.fixed_k is None
+                    and (self.model is None or not self.model.started(seq))):
+                st.wait = min(st.idle // BACKOFF_AFTER, MAX_BACKOFF)
 
     def _room(self, seq) -> int:
         bonus = 1 if self.config.bonus_token else 0
@@ -213,7 +252,7 @@ class SpeculationController:
         if st.fixed_k is not None:
             return Offer(LOOKUP, [1.0] * len(cand.tokens), reason="")
         return Offer(LOOKUP, self.stats.survival(cand.confidence, cand.match_len,
-                                                 cand.from_cache), reason="")
+                                                 cand.from_cache, st.fit), reason="")
 
     def _model_offer(self, seq, st: SeqSpeculation, room: int) -> Offer:
         model, policy = self.model, st.policy
@@ -316,7 +355,7 @@ class SpeculationController:
         if k and st.source == LOOKUP:
             cand = st.candidate
             self.stats.observe(cand.confidence[:k], cand.match_len, cand.from_cache,
-                               num_accepted)
+                               num_accepted, st.fit)
         if st.policy is not None:
             st.policy.observe(k if st.source == MODEL else 0, num_accepted)
         st.model_idle = not (k and st.source == MODEL)

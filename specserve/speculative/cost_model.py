@@ -28,6 +28,10 @@ from dataclasses import dataclass
 DEFAULT_DRAFT_STEP_RATIO = 0.1  # a draft step / a decode step, before either is measured
 DEFAULT_VERIFY_ROW_RATIO = 0.1  # one more verified row / a decode step, before it is measured
 DEFAULT_DRAFT_PREFILL_RATIO = 0.15  # a draft prefill position / a draft step, when not measured
+SHAPE_EMA = 0.05  # the residual of a pass size moves this far towards each of its observations
+SHAPE_DECAY = 1.0 / 512  # per observation, the weight of what every size was seen with fades
+MIN_SHAPE_OBSERVATIONS = 8  # passes of a size before its shape correction is used
+SHAPE_BOUNDS = (0.67, 1.5)  # the correction of a calibrated pass time stays within these
 
 
 class CostModel:
@@ -45,15 +49,25 @@ class CostModel:
 
     Once `seed`ed from a calibration, the calibration fixes the *shape*: how the cost grows
     with k (on the native kernels it rises in steps of four rows, which no line captures),
-    and observations only move two scales, one for drafting and one for the rest of the
+    and observations move two scales, one for drafting and one for the rest of the
     round (EMA of observed / calibrated; drafting's is relative to the rest's, so it moves
     with the machine even while nothing drafts). A shared machine that slows down for a
     minute then slows every k alike, and the choice between them, which depends on their ratios,
     does not wander with the noise of whichever k happened to be measured in a slow second.
+
+    The calibration times one sequence after a short prefix, a few times each, at start-up;
+    the passes that serve are batches of sequences with longer contexts. So the shape is
+    corrected where the passes show it wrong, slowly and only relative to other row counts:
+    per pass size, a slow EMA of observed / (calibrated × scale) (its *residual*), and the
+    correction of a size is its residual over the mean residual of the recently observed
+    sizes (weighted by how often each was seen, decaying). Passes of one size alone correct
+    nothing (a slowdown is the scale's), but a fifth row that costs more than the calibration
+    said, among passes of four, is priced at what it costs (`MIN_SHAPE_OBSERVATIONS` passes
+    of that size first; corrections bounded by `SHAPE_BOUNDS`).
     """
 
     __slots__ = ("_draft", "_verify", "_lines", "_ema", "_base", "_scales", "_prefill",
-                 "batch_size")
+                 "_shape", "_memo", "batch_size")
 
     def __init__(self, ema: float = 0.2, max_age: int = 256) -> None:
         if not 0.0 < ema <= 1.0:
@@ -68,21 +82,26 @@ class CostModel:
         # observed / calibrated: [drafting relative to the rest, the rest of a round]
         self._scales = [1.0, 1.0]
         self._prefill: float | None = None  # calibrated seconds per draft prefill position
+        self._shape = _ShapeCorrection()  # seeded: per pass size, calibrated → observed
+        self._memo: dict[int, float] = {}  # seeded: k → verify_time(k) until an observation
         self.batch_size = 1  # decoding sequences in the step being planned (see `set_step`)
 
     def seed(self, draft_step_s: float, verify_times: dict[int, float],
              draft_prefill_s: float | None = None) -> None:
         """Start from a calibration: one draft step's time, verify times by k and (if
         measured) seconds per draft prefill position. From then on the calibration is the
-        shape and observations scale it (see the class doc)."""
+        shape and observations scale it (see the class doc). A pass over more rows never
+        costs less, so verify times that noise left decreasing in k are pooled to their mean
+        (`non_decreasing`): otherwise the budget would take the k that happened to be timed
+        fast, and never see what it really costs."""
         base = CostModel()
         base._draft.reset({1: _check_seconds("draft_step_s", draft_step_s)})
-        base._verify.reset(
-            {_check_k(k): _check_seconds("verify_times", s) for k, s in verify_times.items()}
-        )
+        base._verify.reset(non_decreasing(
+            {_check_k(k): _check_seconds("verify_times", s) for k, s in verify_times.items()}))
         if draft_prefill_s is not None:
             base._prefill = _check_seconds("draft_prefill_s", draft_prefill_s)
-        self._base, self._scales = base, [1.0, 1.0]
+        self._base, self._scales, self._shape = base, [1.0, 1.0], _ShapeCorrection()
+        self._memo = {}
 
     def snapshot(self) -> dict:
         """What the model currently believes, for reports: seconds of drafting k tokens and
@@ -101,6 +120,7 @@ class CostModel:
         if num_steps > 0:
             seconds = _check_seconds("seconds", seconds)
             if self._base is not None:
+                self._memo.clear()
                 self._rescale(0, seconds, self._base.draft_time(num_steps) * self._scales[1])
             else:
                 self._draft.update(num_steps, seconds)
@@ -110,7 +130,10 @@ class CostModel:
         """A target pass over k + 1 rows took `seconds` (k = 0: a plain decode step)."""
         seconds, k = _check_seconds("seconds", seconds), _check_k(k)
         if self._base is not None:
-            self._rescale(1, seconds, self._base.verify_time(k))
+            self._memo.clear()
+            calibrated = self._base.verify_time(k)
+            self._rescale(1, seconds, calibrated * self._shape.factor(k))
+            self._shape.observe(k, seconds / max(calibrated * self._scales[1], 1e-12))
         else:
             self._verify.update(k, seconds)
             self._lines = None
@@ -136,7 +159,11 @@ class CostModel:
 
     def verify_time(self, k: int) -> float:
         if self._base is not None:
-            return self._base.verify_time(k) * self._scales[1]
+            seconds = self._memo.get(k)
+            if seconds is None:
+                seconds = self._memo[k] = (self._base.verify_time(k) * self._scales[1]
+                                           * self._shape.factor(k))
+            return seconds
         measured = self._verify.values.get(k)
         return measured if measured is not None else self._fits()[1].at(k + 1)
 
@@ -192,6 +219,35 @@ class CostModel:
         return _Line(decode - row, row)
 
 
+class _ShapeCorrection:
+    """Seeded pass times' correction per size k (see the `CostModel` doc): `residual[k]`, a
+    slow EMA of observed / (calibrated × scale); `weight[k]`, its observations, fading."""
+
+    __slots__ = ("residual", "weight", "count", "_factors")
+
+    def __init__(self) -> None:
+        self.residual: dict[int, float] = {}
+        self.weight: dict[int, float] = {}
+        self.count: dict[int, int] = {}
+        self._factors: dict[int, float] = {}
+
+    def observe(self, k: int, ratio: float) -> None:
+        old = self.residual.get(k, 1.0)
+        self.residual[k] = old + SHAPE_EMA * (ratio - old)
+        self.count[k] = self.count.get(k, 0) + 1
+        for size in self.weight:
+            self.weight[size] *= 1.0 - SHAPE_DECAY
+        self.weight[k] = self.weight.get(k, 0.0) + 1.0
+        total = sum(self.weight.values())
+        mean = sum(self.weight[s] * self.residual[s] for s in self.weight) / total
+        lo, hi = SHAPE_BOUNDS
+        self._factors = {s: min(hi, max(lo, r / mean)) for s, r in self.residual.items()
+                         if self.count[s] >= MIN_SHAPE_OBSERVATIONS}
+
+    def factor(self, k: int) -> float:
+        return self._factors.get(k, 1.0)
+
+
 class _Timings:
     """EMA seconds by x (draft steps, or k); an x not updated in `max_age` updates is dropped."""
 
@@ -236,6 +292,20 @@ def _fit_line(points: dict[int, float]) -> _Line:
     if mean_y - slope * mean_x < 0:  # refit through the origin
         return _Line(0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs))
     return _Line(mean_y - slope * mean_x, slope)
+
+
+def non_decreasing(points: dict[int, float]) -> dict[int, float]:
+    """The least-squares non-decreasing fit of `points` (x → y) in x order: runs of points
+    that decrease are replaced by their mean (pool adjacent violators)."""
+    blocks: list[list] = []  # [sum of y, count] per pooled run, in x order
+    for x in sorted(points):
+        blocks.append([points[x], 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    fitted = [total / count for total, count in blocks for _ in range(count)]
+    return dict(zip(sorted(points), fitted))
 
 
 def _check_seconds(name: str, seconds: float) -> float:

@@ -13,9 +13,18 @@ request's own text or the shared cache of earlier outputs): f = (accepted + w·p
 accepted. The survival of position i is the product of the first i factors: the expected
 number of accepted drafts of a k-token prefix is the sum of the first k survivals.
 
-Acceptance is a property of the text and of the model pair, not of one request, so one table
-serves the whole engine; long matches are trusted more from their first round on (the priors
-rise with L), and a few rounds correct them.
+Acceptance is mostly a property of the text and of the model pair, so one table serves the
+whole engine; long matches are trusted more from their first round on (the priors rise with
+L), and a few rounds correct them. But the table mixes every kind of text the engine has
+served: after code edits, whose short matches often continue, a story's short matches are
+priced as if they did too. So each request also keeps its own fit (`RequestFit`) of its short
+matches (L ≤ `FIT_MAX_MATCH`): over the first positions it tried, the accepts it saw against
+those the table expected, and its first factors for short matches are the table's times
+(accepted + w) / (expected + w), w = `REQUEST_WEIGHT`. A request whose text copies less than
+the engine's average stops drafting short matches within a few rounds; one that copies more
+drafts more. A long match is evidence of its own (a story that quotes a passage copies it),
+and the positions after the first are a continuation that has begun to match: the table
+prices both.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ BUCKET_ENDS = (1, 2, 4, 8, 16)  # bucket b holds L ≤ BUCKET_ENDS[b]; the last 
 FIRST_PRIOR = (0.15, 0.25, 0.4, 0.55, 0.7, 0.8)  # [bucket] prior of f_first
 NEXT_PRIOR = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9)  # [bucket] prior of f_next
 PRIOR_WEIGHT = 4.0  # pseudo-trials behind each prior
+REQUEST_WEIGHT = 3.0  # pseudo-accepts behind a request's fit of 1 (the table's own rate)
+FIT_MAX_MATCH = BUCKET_ENDS[2]  # matches up to this long are priced with the request's fit
 
 
 def bucket(match_len: int) -> int:
@@ -32,6 +43,22 @@ def bucket(match_len: int) -> int:
         if match_len <= end:
             return b
     return len(BUCKET_ENDS)
+
+
+class RequestFit:
+    """One request's first positions: accepts seen and accepts the table expected."""
+
+    __slots__ = ("accepted", "expected")
+
+    def __init__(self) -> None:
+        self.accepted, self.expected = 0.0, 0.0
+
+    def factor(self) -> float:
+        """The request's first-position factor relative to the table."""
+        return (self.accepted + REQUEST_WEIGHT) / (self.expected + REQUEST_WEIGHT)
+
+
+NO_FIT = RequestFit()  # factor 1: the table alone (never observed into)
 
 
 class MatchStats:
@@ -50,10 +77,13 @@ class MatchStats:
         following = (acc2 + PRIOR_WEIGHT * NEXT_PRIOR[b]) / (tried2 + PRIOR_WEIGHT)
         return first, following
 
-    def survival(self, confidence: list[float], match_len: int, from_cache: bool
-                 ) -> list[float]:
-        """[len(confidence)] P(positions 1..i all accepted), non-increasing."""
+    def survival(self, confidence: list[float], match_len: int, from_cache: bool,
+                 fit: RequestFit = NO_FIT) -> list[float]:
+        """[len(confidence)] P(positions 1..i all accepted), non-increasing (`fit`: the
+        request's, scaling the first position of a short match)."""
         first, following = self.factors(match_len, from_cache)
+        if match_len <= FIT_MAX_MATCH:
+            first *= fit.factor()
         out, reach = [], 1.0
         for i, c in enumerate(confidence):
             reach *= min(1.0, (first if i == 0 else following) * c)
@@ -61,10 +91,14 @@ class MatchStats:
         return out
 
     def observe(self, confidence: list[float], match_len: int, from_cache: bool,
-                num_accepted: int) -> None:
-        """A round verified the first len(confidence) tokens of a lookup draft."""
+                num_accepted: int, fit: RequestFit | None = None) -> None:
+        """A round verified the first len(confidence) tokens of a lookup draft (`fit`: the
+        request's, which learns what a short match's first position did against the table)."""
         if not confidence:
             return
+        if fit is not None and match_len <= FIT_MAX_MATCH:
+            fit.expected += min(1.0, self.factors(match_len, from_cache)[0] * confidence[0])
+            fit.accepted += num_accepted >= 1
         counts = self._counts[from_cache][bucket(match_len)]
         counts[0] += confidence[0]
         counts[1] += num_accepted >= 1

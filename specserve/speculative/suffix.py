@@ -20,6 +20,14 @@ answers to similar requests (the same tool-call JSON, the same boilerplate); pro
 3. **Learn.** The shared cache takes each finished request's output (least recently used
    requests evicted past `max_tokens`, so its memory is bounded).
 
+A request may also bring *views* of its prompt: the same text written another way that its
+answer is likely to copy. The one the engine gives (`escaped_view`) is the prompt as a JSON
+string body: an agent's tool call quotes the file it was shown inside a JSON string, where
+every newline is the two characters `\n` and every quote `\"`, so the raw prompt matches
+the answer only between line ends, while the escaped view matches it line after line.
+A view is searched like the shared cache (its index keys), and its matches count as the
+request's own text.
+
 The drafter is deterministic (one-hot proposals). How many of a candidate's tokens are worth
 verifying is not decided here: the controller prices them (`controller.py`) from the
 confidences and the acceptance it measures per match length.
@@ -30,7 +38,9 @@ ending at position 2); the draft is [d x a b c][:max_draft] with every c_i = 1.
 
 from __future__ import annotations
 
+import json
 from collections import Counter, OrderedDict, deque
+
 import numpy as np
 
 from specserve.speculative.candidate import NO_CANDIDATE, Candidate, TokenBuffer
@@ -42,6 +52,8 @@ DEFAULT_CACHE_TOKENS = 1 << 18  # output tokens the shared cache keeps (about 40
 KEY_LEN = 3  # tokens of the cache's index keys: a cross-request match is at least this long
 MAX_ENDS_PER_KEY = 8  # most recent ends kept per index key
 MAX_CANDIDATES = 16  # occurrences that vote, most recent first
+MAX_VIEW_TOKENS = 8192  # prompts longer than this get no view (its tokenization would hold
+# up the engine's step for milliseconds)
 
 
 
@@ -170,6 +182,18 @@ def vote(continuations: list[np.ndarray], max_draft: int, min_confidence: float
     return tokens, confidence
 
 
+def escaped_view(tokenizer, prompt_ids: list[int]) -> list[int] | None:
+    """The prompt's text as the body of a JSON string, tokenized: what a tool call quoting
+    the prompt writes. None where escaping changes nothing or the prompt is too long."""
+    if len(prompt_ids) > MAX_VIEW_TOKENS:
+        return None
+    text = tokenizer.decode(prompt_ids)
+    escaped = json.dumps(text, ensure_ascii=False)[1:-1]
+    if escaped == text:
+        return None
+    return tokenizer.encode(escaped, parse_special=False)
+
+
 class SuffixDrafter:
     """Per-sequence token buffers plus the shared `SuffixCache` (None: this request only).
 
@@ -189,6 +213,12 @@ class SuffixDrafter:
         self.cache, self.max_match, self.max_draft = cache, max_match, max_draft
         self.min_confidence, self.min_match = min_confidence, min_match
         self._buffers: dict[int, TokenBuffer] = {}
+        self._views: dict[int, SuffixCache] = {}  # seq id → its prompt's views
+
+    def add_view(self, seq, tokens: list[int]) -> None:
+        """Another rendering of the sequence's prompt that its output may copy."""
+        view = self._views.setdefault(seq.seq_id, SuffixCache(1 << 30))
+        view.add(tokens)
 
     def candidate(self, seq, max_draft: int | None = None) -> Candidate:
         """The voted draft following `seq.token_ids` (at most `max_draft` tokens)."""
@@ -198,11 +228,13 @@ class SuffixDrafter:
         arr = self._buffers.setdefault(seq.seq_id, TokenBuffer()).sync(seq.token_ids)
         n, ends = _self_matches(arr, self.max_match)
         voters = [(n, arr, int(e)) for e in ends[::-1][:MAX_CANDIDATES]]
+        view = self._views.get(seq.seq_id)
+        viewed = view.occurrences(arr, self.max_match) if view is not None else []
         cached = self.cache.occurrences(arr, self.max_match) if self.cache is not None else []
-        best = max([n] + [m for m, _, _ in cached])
+        best = max([n] + [m for m, _, _ in viewed] + [m for m, _, _ in cached])
         if best < self.min_match:
             return NO_CANDIDATE
-        voters = [v for v in voters if v[0] == best]
+        voters = [v for v in voters + viewed if v[0] == best]
         from_cache = [v for v in cached if v[0] == best]
         pool = (voters + from_cache)[:MAX_CANDIDATES]
         continuations = [src[end + 1:end + 1 + limit] for _, src, end in pool]
@@ -214,5 +246,6 @@ class SuffixDrafter:
     def finish(self, seq, keep: bool = True) -> None:
         """The sequence left: its buffer goes, and (if `keep`) its output joins the cache."""
         self._buffers.pop(seq.seq_id, None)
+        self._views.pop(seq.seq_id, None)
         if keep and self.cache is not None:
             self.cache.add(seq.token_ids[seq.prompt_len:])

@@ -16,6 +16,7 @@ from specserve import llm as llm_module
 from specserve.engine.calibration import calibrate
 from specserve.llm import LLM
 from specserve.sampling.params import SamplingParams
+from specserve.speculative.cost_model import non_decreasing
 from tests import tiny
 
 PROMPT = [5, 17, 33, 8, 90, 41]
@@ -194,7 +195,8 @@ def test_unbounded_catch_up_feeds_every_unseen_token(int8_pair):
 
 def test_cost_aware_engine_starts_calibrated(int8_pair, monkeypatch):
     """cost_aware's cost model is seeded at start-up from timed passes of both models: the
-    constructor's own calibration run (watched, not replaced) is what the cost model holds."""
+    constructor's own calibration run (watched, not replaced) is what the cost model holds
+    (made non-decreasing in k where noise inverted it)."""
     target, draft = int8_pair
     runs = []
 
@@ -215,7 +217,7 @@ def test_cost_aware_engine_starts_calibrated(int8_pair, monkeypatch):
     assert sorted(measured["verify_s"]) == list(range(6))
     assert measured["draft_step_s"] > 0
     cost = llm.engine.cost
-    for k, seconds in measured["verify_s"].items():
+    for k, seconds in non_decreasing(measured["verify_s"]).items():  # inversions pooled
         assert cost.verify_time(k) == seconds
     assert cost.draft_time(3) == pytest.approx(3 * measured["draft_step_s"])
     # a draft start is priced per prefill position from a timed many-row draft pass

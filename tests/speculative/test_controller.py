@@ -7,7 +7,8 @@ import pytest
 from specserve.engine.outputs import SpeculationOverride
 from specserve.speculative.candidate import Candidate
 from specserve.speculative.config import SpeculativeConfig
-from specserve.speculative.controller import LOOKUP, MODEL, SpeculationController
+from specserve.speculative.controller import (BACKOFF_AFTER, LOOKUP, MAX_BACKOFF, MODEL,
+                                             SpeculationController)
 from specserve.speculative.cost_model import CostModel
 from specserve.speculative.drafter import Proposal
 from specserve.speculative.metrics import SpecMetrics
@@ -211,3 +212,71 @@ def test_sources_and_idle_reasons_are_reported_per_sequence():
                                                 "acceptance_rate": 3 / 16}}
     assert other.metrics.idle == {"no_match": 1}
     assert MODEL not in seq.metrics.sources
+
+
+def run_rounds(ctrl: SpeculationController, seqs: list[Seq], accepted, rounds: int) -> list[list[int]]:
+    """`rounds` plan/propose/commit rounds; `accepted(seq, k)` is what the verifier keeps."""
+    history = []
+    for _ in range(rounds):
+        ks = ctrl.plan(seqs)
+        proposals = ctrl.propose(seqs, [ks[s.seq_id] for s in seqs])
+        for seq, proposal in zip(seqs, proposals):
+            ctrl.commit(seq, proposal, accepted(seq, proposal.k), len(seq.token_ids))
+        history.append([ks[s.seq_id] for s in seqs])
+    return history
+
+
+def test_a_request_that_copies_less_than_the_table_expects_learns_it_from_its_own_rounds():
+    """Two requests share the table; one's short matches are always rejected, the other's
+    always kept. Each one's first position is priced by its own record, not by the table
+    alone (which averages them): the first soon drafts one token at most, the second all."""
+    match = Candidate([5, 6, 7, 8], [1.0] * 4, 2)
+    ctrl = controller(MODERATE, {0: match, 1: match})
+    seqs = [Seq(0), Seq(1)]
+    for seq in seqs:
+        ctrl.add(seq)
+    history = run_rounds(ctrl, seqs, lambda seq, k: 0 if seq.seq_id == 0 else k, 12)
+    poor, good = (ctrl.state(s).fit.factor() for s in seqs)
+    assert poor < 0.7 and good > 1.3, (poor, good)
+    table = ctrl.stats.survival([1.0] * 4, 2, False)
+    assert ctrl.stats.survival([1.0] * 4, 2, False, ctrl.state(seqs[0]).fit)[0] < 0.7 * table[0]
+    assert all(ks[0] <= 1 and ks[1] == 4 for ks in history[3:]), history
+    shared = controller(MODERATE, {0: match, 1: match})  # the table alone, as before fits
+    for seq in (s0 := Seq(0), s1 := Seq(1)):
+        shared.add(seq)
+    for seq in (s0, s1):
+        shared.state(seq).fit.accepted = shared.state(seq).fit.expected = 1e9  # factor 1
+    assert run_rounds(shared, [s0, s1], lambda seq, k: 0 if seq.seq_id == 0 else k, 12)[-1][0] > 1
+    fresh = Seq(2)
+    ctrl.add(fresh)  # a new request starts from the table's own rate
+    assert ctrl.state(fresh).fit.factor() == 1.0
+
+
+def test_a_batched_sequence_whose_lookups_never_pay_looks_less_often_until_one_does():
+    """In a batch, a sequence that copies poorly (its fit below 1) and drafted nothing for
+    a few looks skips rounds between looks (host time is a cost too); one drafting sequence
+    beside it never does, and a look that drafts again ends the back-off."""
+    weak = Candidate([5], [0.2], 1)  # a hopeless one-token draft, offered every round
+    ctrl = controller(MODERATE, {0: weak, 1: long_match(4)})
+    seqs = [Seq(0), Seq(1)]
+    for seq in seqs:
+        ctrl.add(seq)
+    ctrl.state(seqs[0]).fit.expected = 5.0  # it has copied less than the table expected
+    reasons = []
+    for _ in range(24):
+        run_rounds(ctrl, seqs, lambda seq, k: k, 1)
+        reasons.append(ctrl.state(seqs[0]).reason)
+    assert reasons[:BACKOFF_AFTER] == ["did_not_pay"] * BACKOFF_AFTER
+    assert reasons.count("backed_off") >= 12 and "backed_off" in reasons[-4:]
+    assert seqs[0].metrics.idle["backed_off"] == reasons.count("backed_off")
+    assert ctrl.state(seqs[1]).idle == 0 and seqs[1].metrics.idle == {}
+    ctrl.lookup.candidates[0] = long_match(4)  # its text starts repeating
+    for _ in range(MAX_BACKOFF + 1):
+        run_rounds(ctrl, seqs, lambda seq, k: k, 1)
+    assert ctrl.state(seqs[0]).reason != "backed_off" and ctrl.state(seqs[0]).wait == 0
+    alone = controller(MODERATE, {0: weak})  # one sequence: every round is looked at
+    seq = Seq(0)
+    alone.add(seq)
+    alone.state(seq).fit.expected = 5.0
+    run_rounds(alone, [seq], lambda s, k: k, 16)
+    assert "backed_off" not in seq.metrics.idle

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from specserve.speculative.cost_model import DEFAULT_DRAFT_PREFILL_RATIO, CostModel
+from specserve.speculative.cost_model import (DEFAULT_DRAFT_PREFILL_RATIO, MIN_SHAPE_OBSERVATIONS,
+                                             CostModel, non_decreasing)
 from specserve.speculative.cost_aware import CostAwarePolicy
 from specserve.speculative.policies import (
     AcceptanceRatePolicy,
@@ -452,3 +453,40 @@ def test_a_machine_slowdown_seen_only_in_plain_rounds_also_prices_the_draft_high
     cost.observe_draft(1, 0.03)  # then drafting turns out only half as slow as the rest
     assert cost.draft_time(1) == pytest.approx(0.03)
     assert cost.verify_time(0) == pytest.approx(0.3)
+
+
+def test_calibrated_times_that_noise_left_decreasing_are_pooled():
+    """A pass over more rows never costs less: an inversion in the calibration (5 rows timed
+    faster than 4) is pooled to its mean, so the budget cannot pick a k for having been
+    timed in a quiet moment."""
+    assert non_decreasing({0: 1.0, 1: 3.0, 2: 2.0, 3: 4.0}) == {0: 1.0, 1: 2.5, 2: 2.5, 3: 4.0}
+    assert non_decreasing({0: 1.0, 4: 2.0, 7: 3.0}) == {0: 1.0, 4: 2.0, 7: 3.0}
+    cost = CostModel()
+    cost.seed(0.01, {0: 0.100, 1: 0.104, 2: 0.112, 3: 0.108, 4: 0.125})
+    times = [cost.verify_time(k) for k in range(5)]
+    assert times == sorted(times) and times[2] == pytest.approx(0.110) == times[3]
+
+
+def test_a_pass_size_the_calibration_got_wrong_is_corrected_relative_to_the_others():
+    """Passes of 4 rows cost what the calibration said, passes of 5 cost 20% more (a batch's
+    fifth row, which the calibration's single sequence did not show): after enough of
+    both, 5 rows are priced 20% above 4 rows' share; a size never observed takes the average
+    correction of those seen (here half way), and a slowdown still scales every size."""
+    shape = {3: 0.100, 4: 0.105, 5: 0.110, 8: 0.130}
+    cost = CostModel()
+    cost.seed(0.01, shape)
+    for _ in range(200):
+        cost.observe_verify(3, 0.100)
+        cost.observe_verify(4, 0.126)
+    assert cost.verify_time(4) / cost.verify_time(3) == pytest.approx(1.26, rel=0.03)
+    assert cost.verify_time(8) / cost.verify_time(3) == pytest.approx(1.3 * 1.1, rel=0.03)
+    for _ in range(30):  # then the machine slows to half speed: every size alike
+        cost.observe_verify(3, 0.200)
+        cost.observe_verify(4, 0.252)
+    assert cost.verify_time(3) == pytest.approx(0.200, rel=0.05)
+    assert cost.verify_time(4) == pytest.approx(0.252, rel=0.05)
+    few = CostModel()  # too few passes of a size: no correction yet
+    few.seed(0.01, shape)
+    for _ in range(MIN_SHAPE_OBSERVATIONS - 1):
+        few.observe_verify(4, 0.2)
+    assert few.verify_time(4) / few.verify_time(3) == pytest.approx(1.05)

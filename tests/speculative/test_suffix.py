@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specserve.speculative.suffix import KEY_LEN, SuffixCache, SuffixDrafter, vote
+from specserve.speculative.suffix import (KEY_LEN, MAX_VIEW_TOKENS, SuffixCache, SuffixDrafter,
+                                         escaped_view, vote)
 
 
 def seq(seq_id: int, tokens: list[int], prompt_len: int = 0) -> SimpleNamespace:
@@ -114,3 +115,41 @@ def test_bad_settings_are_refused():
         SuffixDrafter(min_confidence=1.5)
     with pytest.raises(ValueError, match="max_tokens"):
         SuffixCache(max_tokens=-1)
+
+
+@pytest.fixture(scope="module")
+def chars(tmp_path_factory):
+    """The tests' character-level tokenizer (tests/tiny.py)."""
+    from specserve.models import tokenizer as tok
+    from tests import tiny
+
+    path = tmp_path_factory.mktemp("tok")
+    tiny.write_tokenizer(path)
+    return tok.from_hf_dir(path, [2])
+
+
+def test_a_tool_call_quoting_its_prompt_in_a_json_string_drafts_from_the_escaped_view(chars):
+    """The prompt holds a file; the answer quotes it inside a JSON string, where a newline
+    is `\\n` and a quote `\\"`. The raw prompt matches only up to the line's end; the
+    escaped view matches across lines, so the draft carries on through them."""
+    prompt = chars.encode('def area(w, h):\n    return w * h  # "units"\n\nprint(area(2, 3))\n',
+                          parse_special=False)
+    view = escaped_view(chars, prompt)
+    assert chars.decode(view) == 'def area(w, h):\\n    return w * h  # \\"units\\"\\n\\nprint(area(2, 3))\\n'
+    answer = chars.encode('{"old": "def area(w, h):\\n    ret', parse_special=False)
+    tokens = prompt + answer
+    plain = SuffixDrafter().candidate(seq(0, tokens, len(prompt)))
+    drafter = SuffixDrafter()
+    drafter.add_view(seq(1, tokens, len(prompt)), view)
+    got = drafter.candidate(seq(1, tokens, len(prompt)))
+    assert chars.decode(got.tokens) == 'urn w * h  # \\"u'  # max_draft: 16 tokens, one per character
+    assert not got.from_cache and got.match_len > plain.match_len
+    assert '\\' not in chars.decode(plain.tokens)  # the raw prompt cannot write the escapes
+    drafter.finish(seq(1, tokens, len(prompt)))  # the view goes with its sequence
+    assert drafter.candidate(seq(1, tokens, len(prompt))).tokens == plain.tokens
+
+
+def test_a_prompt_with_nothing_to_escape_or_too_long_gets_no_view(chars):
+    assert escaped_view(chars, chars.encode("plain words only", parse_special=False)) is None
+    long = chars.encode("a\n" * (MAX_VIEW_TOKENS // 2 + 1), parse_special=False)
+    assert escaped_view(chars, long) is None
