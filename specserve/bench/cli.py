@@ -275,10 +275,15 @@ def _verify_cost(args, target) -> dict | None:
 
 
 def _peers(args, target, draft, bench, prompts, configs, options) -> list[dict]:
-    """The peers' rows; a peer that fails is reported and skipped, never losing our results."""
+    """The peers' rows; a peer that fails is reported and skipped, never losing our results.
+    The peers run single prompts: a session (several requests) has no peer row, rather than
+    one that times its first request against our whole session."""
     import torch
 
-    ids = {w: bench.prompt_ids(p) for w, p in prompts.items()}
+    sessions = [w for w, p in prompts.items() if isinstance(p, workloads.Session)]
+    if sessions:
+        log(f"# the peers run single prompts: no peer rows for the sessions {', '.join(sessions)}")
+    ids = {w: bench.prompt_ids(p) for w, p in prompts.items() if w not in sessions}
     temps = sorted({c.temperature for c in configs})
     runs = {
         "transformers": lambda: peers.run_transformers(

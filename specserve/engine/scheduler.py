@@ -90,6 +90,10 @@ class Scheduler:
         rows (whose drafts the speculation controller plans before `schedule`)."""
         return [s for s in self.running if not s.prefilling]
 
+    def has_prefill_work(self) -> bool:
+        """Whether a prompt is prefilling or waiting to (the next step may carry a chunk)."""
+        return bool(self.waiting) or any(s.prefilling for s in self.running)
+
     def schedule(self, drafts: dict[int, int] | None = None) -> StepPlan:
         """Plan one step; `drafts` maps a decoding sequence's id to the drafts it wants
         verified (absent: none). A sequence gets fewer (none) when its blocks cannot grow

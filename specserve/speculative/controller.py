@@ -28,6 +28,10 @@ The choice, for a step decoding B sequences (see `cost_aware.py` for the single-
 
 A sequence whose plan is k = 0 costs what plain decoding costs: no draft model runs for it
 (unless it is catching up a started draft's prefill), and the lookup is a host-side search.
+That search is the one cost left, so a sequence that copies poorly, in a batch, looks less
+often (`_back_off`); each request's short matches are priced by its own record as well as
+the engine's table (`match_stats.RequestFit`), and the cost model learns from the passes it
+sees which pass sizes its start-up calibration got wrong (`cost_model.py`).
 """
 
 from __future__ import annotations
@@ -167,8 +171,10 @@ class SpeculationController:
         self.model.propose([], [])
 
     # ------------------------------------------------------------------ the plan
-    def plan(self, seqs: list) -> dict[int, int]:
-        """Drafts to verify per decoding sequence (seq_id → k), oldest sequence first."""
+    def plan(self, seqs: list, max_rows: int | None = None) -> dict[int, int]:
+        """Drafts to verify per decoding sequence (seq_id → k), oldest sequence first;
+        `max_rows`: at most that many draft rows in all, beyond those taken as asked (the
+        engine's bound while prompts wait to prefill, see `LLMEngine._run_step`)."""
         self.cost.set_step(len(seqs))
         limit = self.config.disable_by_batch_size
         offers = []
@@ -185,7 +191,7 @@ class SpeculationController:
                 offer = self._offer(seq, st)
             st.reason = offer.reason
             offers.append(offer)
-        ks = self._within_budget(offers, len(seqs))
+        ks = self._within_budget(offers, len(seqs), max_rows)
         for seq, offer, k in zip(seqs, offers, ks):
             st = self._seqs[seq.seq_id]
             st.source = offer.source if k else None
@@ -289,14 +295,18 @@ class SpeculationController:
                 best, best_rate = j, rate
         return best, best_rate
 
-    def _within_budget(self, offers: list[Offer], batch: int) -> list[int]:
+    def _within_budget(self, offers: list[Offer], batch: int, max_rows: int | None = None
+                       ) -> list[int]:
         """Per offer, how many of its slots the step verifies (see the module doc, step 2):
         the prefix of the slots by survival with the most expected tokens per second, kept
-        only if what it adds (tokens over seconds) beats the rate without it by the margin."""
+        only if what it adds (tokens over seconds) beats the rate without it by the margin;
+        and no more than `max_rows` slots of the budget's."""
         counts = [len(o.survival) if o.forced else 0 for o in offers]
         value = batch + sum(sum(o.survival) for o in offers if o.forced)
         slots = sorted((-s, pos, i) for i, o in enumerate(offers) if not o.forced
                        for pos, s in enumerate(o.survival))
+        if max_rows is not None:
+            slots = slots[:max_rows]
         base_value, base_time = value, self._step_seconds(offers, counts, batch)
         chosen, best_rate = list(counts), base_value / base_time
         for neg_s, pos, i in slots:

@@ -134,3 +134,36 @@ def test_cost_model_skips_draft_timings_of_rounds_that_resume_after_idle_rounds(
     resumed = sum(1 for prev, k in zip([0] + ks, ks) if k > 0 and prev == 0)
     assert len(draft_samples) == sum(1 for k in ks if k > 0) - resumed > 0
     assert all(s > 0 for _, s in verify_samples)
+
+
+def test_drafts_take_a_bounded_share_of_the_steps_in_which_a_prompt_prefills():
+    """Verify rows take token budget from prefill chunks: while a prompt waits or prefills,
+    a step's drafts are bounded by 1/PREFILL_DRAFT_SHARE of max_num_batched_tokens (here 2
+    rows), so a burst of long drafts cannot hold back a new request's first token; once
+    nothing prefills, the drafts are unbounded again. Outputs stay target-only's."""
+    from specserve.engine.engine import PREFILL_DRAFT_SHARE
+
+    budget = 2 * PREFILL_DRAFT_SHARE
+    engine = toy.toy_engine(chain_table(), None, -1, method="suffix", max_len=512,
+                            max_num_batched_tokens=budget)
+    plans = []
+    plan = engine.spec.plan
+
+    def watched(seqs, max_rows=None):
+        ks = plan(seqs, max_rows)
+        plans.append((engine.scheduler.has_prefill_work(), max_rows, sum(ks.values())))
+        return ks
+
+    engine.spec.plan = watched
+    cycle = [i % V for i in range(48)]  # text that repeats itself: long, trusted matches
+    engine.add_request(cycle, greedy(max_tokens=120), request_id="first")
+    for _ in range(6):
+        engine.step()
+    engine.add_request(cycle[:40] * 8, greedy(max_tokens=4), request_id="second")  # 320 tokens
+    outs = {o.request_id: o.outputs[0] for o in toy.run_all(engine)}
+    during = [(limit, rows) for busy, limit, rows in plans if busy]
+    after = [(limit, rows) for busy, limit, rows in plans if not busy]
+    assert during and all(limit == 2 and rows <= 2 for limit, rows in during)
+    assert any(rows == 2 for _, rows in during)  # it still drafts, within the bound
+    assert all(limit is None for limit, _ in after) and max(rows for _, rows in after) > 2
+    assert outs["first"].token_ids == [(48 + j) % V for j in range(120)]

@@ -280,3 +280,16 @@ def test_a_batched_sequence_whose_lookups_never_pay_looks_less_often_until_one_d
     alone.state(seq).fit.expected = 5.0
     run_rounds(alone, [seq], lambda s, k: k, 16)
     assert "backed_off" not in seq.metrics.idle
+
+
+def test_while_prompts_wait_to_prefill_the_drafts_take_at_most_the_rows_allowed():
+    """Verify rows share a step's token budget with prefill chunks: with a bound, the step
+    drafts no more rows than that, and they are the likeliest to survive."""
+    ctrl = controller(MEMORY_BOUND, {0: long_match(8), 1: weak_match(4)})
+    seqs = [Seq(0), Seq(1)]
+    for seq in seqs:
+        ctrl.add(seq)
+    assert sum(ctrl.plan(seqs).values()) > 3  # unbounded: the trusted match drafts long
+    ks = ctrl.plan(seqs, max_rows=3)
+    assert ks == {0: 3, 1: 0}
+    assert ctrl.plan(seqs, max_rows=0) == {0: 0, 1: 0}
