@@ -1,0 +1,79 @@
+"""Where a target pass's time goes, by the number of rows it verifies: the projections (qkv, o,
+gate_up, down), the vocabulary head, the native glue calls (rms_norm, rope_store_attend,
+silu_mul) and the rest, for one sequence after a cached prefix. Each figure is the mean of
+`--repeats` passes, per pass, in milliseconds.
+
+    python benchmarks/scripts/pass_parts.py [--rows 1 2 4 5 6 9] [--prefix 256] [--repeats 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import time
+
+import torch
+
+from specserve import LLM, kernels
+from specserve.models import transformer
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="qwen2.5-coder-1.5b")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 5, 6, 9])
+    p.add_argument("--prefix", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=10)
+    args = p.parse_args()
+    torch.set_num_threads(2)
+    runner = LLM(args.model).engine.runner
+    spent: collections.Counter = collections.Counter()
+
+    def timed(name, fn):
+        def call(*a, **kw):
+            start = time.perf_counter()
+            out = fn(*a, **kw)
+            spent[name] += time.perf_counter() - start
+            return out
+        return call
+
+    class Glue:  # the attention library with every call timed
+        def __init__(self, lib) -> None:
+            self.lib = lib
+
+        def __getattr__(self, name):
+            return timed(name, getattr(self.lib, name))
+
+    native = kernels.attention
+    transformer.kernels.attention = lambda: Glue(native())
+    for layer in runner.model.layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            setattr(layer, name, timed(name, getattr(layer, name)))
+    if runner.head is not None:
+        runner.head = timed("head", runner.head)
+    else:
+        runner.model.lm_head = timed("head", runner.model.lm_head)
+    vocab = runner.model.cfg.vocab_size
+    g = torch.Generator().manual_seed(0)
+    blocks = runner.block_manager(prefix_caching=False)
+    table = blocks.new_table()
+    assert blocks.reserve(table, args.prefix + max(args.rows))
+    runner.forward([torch.randint(0, vocab, (args.prefix,), generator=g).tolist()], [0], [table], [1])
+    result = {}
+    for rows in args.rows:
+        tokens = torch.randint(0, vocab, (rows,), generator=g).tolist()
+        runner.forward([tokens], [args.prefix], [table])  # warm-up
+        spent.clear()
+        start = time.perf_counter()
+        for _ in range(args.repeats):
+            runner.forward([tokens], [args.prefix], [table])
+        total = (time.perf_counter() - start) / args.repeats
+        parts = {k: 1e3 * v / args.repeats for k, v in spent.items()}
+        parts["other"] = 1e3 * total - sum(parts.values())
+        result[rows] = {"total_ms": round(1e3 * total, 2), **{k: round(v, 2) for k, v in parts.items()}}
+        print(rows, json.dumps(result[rows]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
