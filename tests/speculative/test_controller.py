@@ -293,3 +293,20 @@ def test_while_prompts_wait_to_prefill_the_drafts_take_at_most_the_rows_allowed(
     ks = ctrl.plan(seqs, max_rows=3)
     assert ks == {0: 3, 1: 0}
     assert ctrl.plan(seqs, max_rows=0) == {0: 0, 1: 0}
+
+
+def test_every_idle_reason_has_words_on_the_page_and_in_the_demo():
+    """A round that drafted nothing is reported with its reason; the page and `make demo`
+    put each reason in words, so a new reason must come with them."""
+    from pathlib import Path
+
+    import specserve.server
+    from specserve.demo import IDLE_WORDS
+    from specserve.speculative.controller import IDLE_REASONS
+
+    page = (Path(specserve.server.__file__).parent / "static" / "app.js").read_text()
+    words = page[page.index("const reasons = {"):]
+    words = words[:words.index("};")]
+    for reason in IDLE_REASONS:
+        assert f"{reason}:" in words, reason
+    assert set(IDLE_WORDS) == set(IDLE_REASONS)
