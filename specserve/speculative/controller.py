@@ -107,11 +107,10 @@ class SpeculationController:
     # ------------------------------------------------------------------ lifecycle
     def add(self, seq, override=None, views: list[list[int]] = ()) -> None:
         """A request's sequence joins (`override`: its SpeculationOverride, or None; `views`:
-        other renderings of its prompt for a lookup that searches them, see `suffix.py`)."""
-        add_view = getattr(self.lookup, "add_view", None)
-        if add_view is not None:
-            for view in views:
-                add_view(seq, view)
+        other renderings of its prompt, from `prompt_views`: none unless the lookup searches
+        them)."""
+        for view in views:
+            self.lookup.add_view(seq, view)
         config, k = self.config, self.config.num_speculative_tokens
         name = config.policy_name
         if override is not None and override.num_speculative_tokens is not None:

@@ -83,7 +83,7 @@ class CostModel:
         self._scales = [1.0, 1.0]
         self._prefill: float | None = None  # calibrated seconds per draft prefill position
         self._shape = _ShapeCorrection()  # seeded: per pass size, calibrated → observed
-        self._memo: dict[int, float] = {}  # seeded: k → verify_time(k) until an observation
+        self._memo: dict[int, float] = {}  # seeded: k → verify_time(k) until a verify observation
         self.batch_size = 1  # decoding sequences in the step being planned (see `set_step`)
 
     def seed(self, draft_step_s: float, verify_times: dict[int, float],
@@ -120,7 +120,6 @@ class CostModel:
         if num_steps > 0:
             seconds = _check_seconds("seconds", seconds)
             if self._base is not None:
-                self._memo.clear()
                 self._rescale(0, seconds, self._base.draft_time(num_steps) * self._scales[1])
             else:
                 self._draft.update(num_steps, seconds)
