@@ -18,7 +18,11 @@ answers to similar requests (the same tool-call JSON, the same boilerplate); pro
    at `max_draft` tokens, or when the product of confidences falls below `min_confidence`.
    So a long, unanimous match drafts long and a short, contested one drafts little or nothing.
 3. **Learn.** The shared cache takes each finished request's output (least recently used
-   requests evicted past `max_tokens`, so its memory is bounded).
+   requests evicted past `max_tokens`, so its memory is bounded), led by the last
+   `PROMPT_CONTEXT` tokens of its prompt. The lead is matched but never proposed: it is what
+   lets a new request's *first* tokens match, since every answer starts after the same chat
+   template ("<|im_start|>assistant\n") and often after the same instruction, and answers to
+   similar requests start alike (an agent's every reply opens with the same tool-call JSON).
 
 A request may also bring *views* of its prompt: the same text written another way that its
 answer is likely to copy. The one the engine gives (`escaped_view`) is the prompt as a JSON
@@ -52,6 +56,7 @@ DEFAULT_CACHE_TOKENS = 1 << 18  # output tokens the shared cache keeps (about 40
 KEY_LEN = 3  # tokens of the cache's index keys: a cross-request match is at least this long
 MAX_ENDS_PER_KEY = 8  # most recent ends kept per index key
 MAX_CANDIDATES = 16  # occurrences that vote, most recent first
+PROMPT_CONTEXT = 16  # prompt tokens kept before each cached output, to match its start
 MAX_VIEW_TOKENS = 8192  # prompts longer than this get no view (its tokenization would hold
 # up the engine's step for milliseconds)
 
@@ -75,22 +80,28 @@ class SuffixCache:
         self.index: dict[tuple[int, ...], deque[tuple[int, int]]] = {}
         self.num_tokens = 0
         self._next_id = 0
+        self._leads: dict[int, int] = {}  # doc id → its lead
 
     def clear(self) -> None:
         """Forget every output (a benchmark's calls each start from an empty cache)."""
         self.docs.clear()
         self.index.clear()
+        self._leads.clear()
         self.num_tokens = 0
 
-    def add(self, tokens: list[int]) -> None:
-        """Keep `tokens` (a finished output); evict the least recently used past the bound."""
-        if len(tokens) <= KEY_LEN or len(tokens) > self.max_tokens:
+    def add(self, tokens: list[int], lead: int = 0) -> None:
+        """Keep `tokens` (a finished output, after `lead` tokens of context that are matched
+        but never continued into); evict the least recently used past the bound."""
+        if not 0 <= lead <= len(tokens):
+            raise ValueError(f"lead must be in [0, {len(tokens)}], got {lead}")
+        if len(tokens) == lead or len(tokens) <= KEY_LEN or len(tokens) > self.max_tokens:
             return
         doc, arr = self._next_id, np.asarray(tokens, dtype=np.int64)
         self._next_id += 1
         self.docs[doc] = arr
+        self._leads[doc] = lead
         self.num_tokens += len(arr)
-        for end in range(KEY_LEN - 1, len(tokens) - 1):  # an end with a token after it
+        for end in _ends(len(tokens), lead):
             key = tuple(tokens[end - KEY_LEN + 1:end + 1])
             self.index.setdefault(key, deque(maxlen=MAX_ENDS_PER_KEY)).append((doc, end))
         while self.num_tokens > self.max_tokens:
@@ -101,7 +112,7 @@ class SuffixCache:
         doc, arr = self.docs.popitem(last=False)
         self.num_tokens -= len(arr)
         tokens = arr.tolist()
-        for end in range(KEY_LEN - 1, len(tokens) - 1):
+        for end in _ends(len(tokens), self._leads.pop(doc)):
             key = tuple(tokens[end - KEY_LEN + 1:end + 1])
             ends = self.index.get(key)
             if ends is None:
@@ -128,6 +139,11 @@ class SuffixCache:
             self.docs.move_to_end(doc)  # used: the last to be evicted
             found.append((_match_back(context, arr, end, max_match), arr, end))
         return found
+
+
+def _ends(length: int, lead: int) -> range:
+    """A document's indexed ends: each closes a whole key and has an output token after it."""
+    return range(max(KEY_LEN - 1, lead - 1), length - 1)
 
 
 def _match_back(context: np.ndarray, arr: np.ndarray, end: int, max_match: int) -> int:
@@ -248,4 +264,5 @@ class SuffixDrafter:
         self._buffers.pop(seq.seq_id, None)
         self._views.pop(seq.seq_id, None)
         if keep and self.cache is not None:
-            self.cache.add(seq.token_ids[seq.prompt_len:])
+            lead = min(PROMPT_CONTEXT, seq.prompt_len)
+            self.cache.add(seq.token_ids[seq.prompt_len - lead:], lead)

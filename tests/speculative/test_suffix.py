@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specserve.speculative.suffix import (KEY_LEN, MAX_VIEW_TOKENS, SuffixCache, SuffixDrafter,
-                                         escaped_view, vote)
+from specserve.speculative.suffix import (KEY_LEN, MAX_VIEW_TOKENS, PROMPT_CONTEXT, SuffixCache,
+                                         SuffixDrafter, escaped_view, vote)
 
 
 def seq(seq_id: int, tokens: list[int], prompt_len: int = 0) -> SimpleNamespace:
@@ -64,6 +64,37 @@ def test_a_second_request_drafts_from_the_first_ones_output():
     # an aborted request's output is not kept
     drafter.finish(seq(2, [1, 30, 31, 32, 33, 34], prompt_len=1), keep=False)
     assert drafter.candidate(seq(3, [30, 31, 32])).tokens == []
+
+
+def test_an_answer_drafts_its_opening_from_earlier_answers_after_the_same_prompt_tail():
+    # every answer follows the chat template's tail (here 90 91 92 93); earlier answers opened
+    # with 5 6 7 8 9: a new request whose first token is 5 drafts the rest of the opening
+    cache = SuffixCache()
+    drafter = SuffixDrafter(cache)
+    tail = [90, 91, 92, 93]
+    for i in range(2):
+        prompt = [300 + i] * 30 + tail
+        drafter.finish(seq(i, prompt + [5, 6, 7, 8, 9, 40 + i], prompt_len=len(prompt)))
+    doc = next(reversed(cache.docs.values()))
+    assert len(doc) == PROMPT_CONTEXT + 6  # the prompt's last PROMPT_CONTEXT tokens lead it
+    new = [400] * 30 + tail + [5]
+    got = drafter.candidate(seq(9, new, prompt_len=len(new) - 1))
+    assert got.tokens[:4] == [6, 7, 8, 9] and got.from_cache and got.match_len == 5
+    assert got.confidence[:4] == [1.0] * 4 and got.confidence[4] == 0.5
+    # the lead is matched, never proposed: a context ending inside it continues nothing
+    assert drafter.candidate(seq(10, [7, 301, 90, 91], prompt_len=4)).tokens == []
+
+
+def test_a_lead_is_evicted_with_its_output_and_must_fit_the_document():
+    cache = SuffixCache(max_tokens=20)
+    cache.add([1, 2, 3, 4, 5, 6, 7, 8], lead=4)
+    assert cache.occurrences(np.array([1, 2, 3, 4]), 8)[0][0] == 4  # matched up to the lead
+    assert not cache.occurrences(np.array([1, 2, 3]), 8)  # an end inside the lead: not indexed
+    cache.add(list(range(10, 24)))  # 8 + 14 > 20: the first document goes, keys and all
+    assert list(cache.docs) == [1] and not cache.occurrences(np.array([2, 3, 4]), 8)
+    assert all(doc in cache.docs for ends in cache.index.values() for doc, _ in ends)
+    with pytest.raises(ValueError, match="lead"):
+        cache.add([1, 2, 3], lead=4)
 
 
 def test_the_cache_evicts_least_recently_used_outputs_past_its_bound():
