@@ -79,6 +79,12 @@ def _check_rc(rc: int, name: str) -> None:
 ATTN_DTYPE = torch.float32
 
 
+def _project(linear, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """`linear(x)` (contiguous), written into `out` where the layer can (`NativeLinear.into`)."""
+    into = getattr(linear, "into", None)
+    return into(x, out) if into is not None else linear(x).contiguous()
+
+
 class Transformer:
     """Weights as plain tensors; no autograd. Build with `Transformer(cfg, state_dict)` where the
     state dict uses Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...)."""
@@ -222,6 +228,10 @@ class Transformer:
         h = torch.empty_like(x)  # [rows, hidden]
         attn = torch.empty((rows, heads * hd), dtype=torch.float32)  # [rows, heads * hd]
         act = torch.empty((rows, c.intermediate_size), dtype=torch.float32)  # [rows, inter]
+        # the projections' outputs, one buffer each for every layer (`_project`)
+        qkv_out = torch.empty((rows, (heads + 2 * kv_heads) * hd), dtype=torch.float32)
+        gate_up_out = torch.empty((rows, 2 * c.intermediate_size), dtype=torch.float32)
+        proj_out = torch.empty_like(x)  # [rows, hidden]: o's, then down's
         eps = ctypes.c_float(c.rms_norm_eps)
         scale = ctypes.c_float(1 / math.sqrt(hd) if c.attn_scale is None else c.attn_scale)
         num_seqs, max_blocks = tables32.shape
@@ -235,19 +245,19 @@ class Transformer:
         for i, layer in enumerate(self.layers):
             _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, layer.attn_norm.data_ptr(), eps,
                                    h.data_ptr()), "rms_norm")
-            qkv = layer.qkv(h).contiguous()  # [rows, (heads + 2 kv_heads) * hd]
+            qkv = _project(layer.qkv, h, qkv_out)  # [rows, (heads + 2 kv_heads) * hd]
             if layer.q_norm is not None:
                 self._native_qk_norm(lib, layer, qkv, eps)
             _check_rc(lib.rope_store_attend(qkv.data_ptr(), rows, heads, kv_heads, hd, *fixed,
                                             keys + i * step, values + i * step, *index),
                       "rope_store_attend")
-            x += layer.o(attn)
+            x += _project(layer.o, attn, proj_out)
             _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, layer.mlp_norm.data_ptr(), eps,
                                    h.data_ptr()), "rms_norm")
-            gate_up = layer.gate_up(h).contiguous()  # [rows, 2 * intermediate]
+            gate_up = _project(layer.gate_up, h, gate_up_out)  # [rows, 2 * intermediate]
             _check_rc(lib.silu_mul(gate_up.data_ptr(), rows, c.intermediate_size,
                                    act.data_ptr()), "silu_mul")
-            x += layer.down(act)
+            x += _project(layer.down, act, proj_out)
         out = torch.empty_like(x)  # [rows, hidden]
         _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, self.norm.data_ptr(), eps,
                                out.data_ptr()), "rms_norm")

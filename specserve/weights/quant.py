@@ -291,11 +291,24 @@ class NativeLinear:
     def __call__(self, x: torch.Tensor, path: int = 0) -> torch.Tensor:
         """`path` (tests, benchmarks): 0 lets the kernel choose, 1 forces its decode loop
         (outputs one by one over all rows), 2 its prefill tiles; all give the same bits."""
+        return self._apply(x, None, path)
+
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """`self(x)` written into `out` [rows, out_features] float32 (the native pass reuses
+        one buffer for every layer: a prefill's fresh 30+ MB output would be mapped and
+        faulted in page by page, layer after layer, costing a third of the matmul)."""
+        return self._apply(x, out)
+
+    def _apply(self, x: torch.Tensor, out: torch.Tensor | None, path: int = 0) -> torch.Tensor:
         plain = (x.dim() == 2 and x.shape[1] == self.in_features and x.dtype == torch.float32
                  and x.is_contiguous())  # the native pass's activations: used as they are
         flat = x if plain else x.reshape(-1, self.in_features).to(torch.float32).contiguous()
         rows = flat.shape[0]  # flat: [rows, in]
-        y = torch.empty((rows, self.out_features), dtype=torch.float32)
+        shape = (rows, self.out_features)
+        if out is not None and (not plain or out.shape != shape or out.dtype != torch.float32
+                                or not out.is_contiguous()):
+            raise ValueError(f"out must be a contiguous float32 {shape} for a plain input")
+        y = torch.empty(shape, dtype=torch.float32) if out is None else out
         bits, k, sb, *ptrs, n = self._wargs
         rc = self._lib.q_matmul(bits, flat.data_ptr(), rows, k, sb, *ptrs, n, y.data_ptr(), path)
         if rc != 0:

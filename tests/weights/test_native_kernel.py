@@ -299,6 +299,21 @@ def test_bias_and_leading_dims_and_dtype():
         assert torch.equal(y.reshape(6, 20), want)
 
 
+def test_into_writes_the_same_bits_into_the_buffer_given_and_refuses_a_wrong_one():
+    g = torch.Generator().manual_seed(4)
+    w, b = torch.randn(40, 128, generator=g), torch.randn(40, generator=g)
+    x = torch.randn(5, 128, generator=g)
+    for bits in (4, 6, 8):
+        lin = NativeLinear(w, b, bits)
+        out = torch.full((5, 40), float("nan"))
+        assert lin.into(x, out) is out and torch.equal(out, lin(x))
+        for bad in (torch.empty(5, 41), torch.empty(40, 5).t(), torch.empty(5, 40).double()):
+            with pytest.raises(ValueError, match="out must be"):
+                lin.into(x, bad)
+        with pytest.raises(ValueError, match="out must be"):  # a non-plain input
+            lin.into(x.bfloat16(), out)
+
+
 # ---- GGUF tensors repacked ----
 
 def q4_k_bytes(q: torch.Tensor, sc: torch.Tensor, m: torch.Tensor, d: torch.Tensor,
