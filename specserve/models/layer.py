@@ -45,21 +45,39 @@ class Linear:
         self.bias = bias  # [out] | None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lib = self._native_lib(x)
+        if lib is not None:
+            return self._native(lib, x)
         w = self.weight
-        if x.dtype == torch.float32 and w.dtype in (torch.float32, torch.bfloat16):
-            lib = kernels.qmatmul()
-            if lib is not None:
-                return self._native(lib, x)
         if w.dtype == torch.bfloat16 and x.numel() >= FLOAT32_GEMM_ROWS * x.shape[-1]:
             b = self.bias.float() if self.bias is not None else None
             return F.linear(x.float(), w.float(), b).to(x.dtype)
         return F.linear(x, w, self.bias)
 
-    def _native(self, lib, x: torch.Tensor) -> torch.Tensor:
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """`self(x)` written into `out` [rows, out] (the native pass reuses one buffer for
+        every layer, as with `NativeLinear.into`); returns `out`."""
+        lib = self._native_lib(x)
+        if lib is None:
+            return out.copy_(self(x).reshape(out.shape))
+        if out.shape != (x.numel() // x.shape[-1], self.weight.shape[0]) \
+                or out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError("out must be a contiguous float32 [rows, out_features]")
+        self._native(lib, x, out)
+        return out
+
+    def _native_lib(self, x: torch.Tensor):
+        """The float kernel's library where it serves `x` (float32 activations, float32 or
+        bfloat16 weights), else None."""
+        if x.dtype == torch.float32 and self.weight.dtype in (torch.float32, torch.bfloat16):
+            return kernels.qmatmul()
+        return None
+
+    def _native(self, lib, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         w = self.weight.contiguous()  # [out, in]
         out_f, in_f = w.shape
         flat = x.reshape(-1, in_f).contiguous()  # [rows, in]
-        y = torch.empty((flat.shape[0], out_f), dtype=torch.float32)  # [rows, out]
+        y = torch.empty((flat.shape[0], out_f), dtype=torch.float32) if out is None else out
         bias = self.bias.float().contiguous() if self.bias is not None else None
         rc = lib.f_matmul(flat.data_ptr(), flat.shape[0], in_f, w.data_ptr(),
                           int(w.dtype == torch.bfloat16),

@@ -134,6 +134,21 @@ def test_bfloat16_weights_give_exactly_the_float32_result_on_the_widened_weights
     assert torch.equal(Linear(w)(x), Linear(w.float())(x))
 
 
+def test_float_linear_into_writes_the_same_bits_into_the_buffer_given(monkeypatch):
+    g = torch.Generator().manual_seed(8)
+    w, b = torch.randn(16, 64, generator=g), torch.randn(16, generator=g)
+    x = torch.randn(5, 64, generator=g)
+    lin = Linear(w, b)
+    out = torch.full((5, 16), float("nan"))
+    assert lin.into(x, out) is out and torch.equal(out, lin(x))
+    for bad in (torch.empty(5, 17), torch.empty(16, 5).t(), torch.empty(5, 16).double()):
+        with pytest.raises(ValueError, match="out must be"):
+            lin.into(x, bad)
+    monkeypatch.setenv("SPECSERVE_NO_NATIVE", "1")  # PyTorch's result, copied in
+    out = torch.full((5, 16), float("nan"))
+    assert lin.into(x, out) is out and torch.equal(out, F.linear(x, w, b))
+
+
 def test_float_linear_keeps_pytorch_without_the_native_kernel_and_for_bfloat16_activations(
         monkeypatch):
     g = torch.Generator().manual_seed(7)
