@@ -4,6 +4,9 @@ silu_mul) and the rest, for one sequence after a cached prefix. Each figure is t
 `--repeats` passes, per pass, in milliseconds.
 
     python benchmarks/scripts/pass_parts.py [--rows 1 2 4 5 6 9] [--prefix 256] [--repeats 10]
+
+`--draft MODEL` times the draft model's pass instead, as the default pair's drafter runs it (its
+restricted vocabulary head included).
 """
 
 from __future__ import annotations
@@ -25,9 +28,14 @@ def main() -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 5, 6, 9])
     p.add_argument("--prefix", type=int, default=256)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--draft", default=None, help="time this draft model's pass (beside --model)")
     args = p.parse_args()
     torch.set_num_threads(2)
-    runner = LLM(args.model).engine.runner
+    if args.draft is None:
+        runner = LLM(args.model).engine.runner
+    else:
+        spec = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": 4}
+        runner = LLM(args.model, speculative_config=spec).engine.spec.model.runner
     spent: collections.Counter = collections.Counter()
 
     def timed(name, fn):

@@ -32,7 +32,9 @@
  * weight bytes by 4 broadcast activation bytes and sums each group of 4 into its output's lane
  * (a block is 8 such steps into one register); AVX2 does the same on the tile's two halves of
  * 8 outputs with pmaddubsw and pmaddwd by 1. Each chunk of weights, once unpacked, serves up
- * to LR rows while it sits in registers.
+ * to LR rows while it sits in registers: a pass of up to LR rows (decode, verify) takes them
+ * all at once, a longer one groups of GROUP(bits) (AVX2: 4 rows for 4-bit weights, 8 for
+ * 6-bit: the fastest of 4, 6, 8 and 9 timed at 256 and 512 rows).
  *
  * Arithmetic, the same bits on every path and build. For a row and an output, per super-block
  * s in order, with y = 0 at the start:
@@ -80,11 +82,13 @@
 #define QM_AVX512 1
 #define ROWS 8 /* 8 bits: activation rows per unpacked weight pair */
 #define LR 10  /* 4, 6 bits: rows per pass over a tile (a verify pass of 1 + 9 drafts: one) */
+#define GROUP(bits) LR /* 4, 6 bits, more than LR rows: rows per pass */
 #define FO 4   /* float kernel: outputs per tile */
 #else
 #define QM_AVX512 0
 #define ROWS 4 /* (more spill registers) */
-#define LR 4
+#define LR 9   /* a verify pass of 1 + 8 drafts: one pass over the tile */
+#define GROUP(bits) ((bits) == 4 ? 4 : 8) /* more rows (prefill): see the layout above */
 #define FO 2
 #endif
 
@@ -333,7 +337,8 @@ static inline __attribute__((always_inline)) void lanes_of(
 
 #define LANES_CASE(n_) case n_: lanes_of(bits, &w, k, sb, a, d, s, n_, yt); break;
 
-/* Tile t of a 4- or 6-bit matmul over all rows, LR rows at a time, written into y [rows, n]. */
+/* Tile t of a 4- or 6-bit matmul over all rows (at most LR at a time, see the layout above),
+ * written into y [rows, n]. */
 static void lanes_tile(int bits, const uint8_t *qs, const uint8_t *qh, const uint8_t *sc,
                        const int8_t *mins, const float *dsup, const float *dmin, int64_t k,
                        int64_t sb, const int8_t *qa, const float *da, const int32_t *bs,
@@ -344,15 +349,16 @@ static void lanes_tile(int bits, const uint8_t *qs, const uint8_t *qh, const uin
                        dmin + t * ns * TILE};
     const int64_t o0 = t * TILE, valid = n - o0 < TILE ? n - o0 : TILE;
     float yt[LR * TILE];
-    for (int64_t r = 0; r < rows; r += LR) {
-        const int nr = rows - r < LR ? (int)(rows - r) : LR;
+    const int64_t group = rows <= LR ? LR : GROUP(bits);
+    for (int64_t r = 0; r < rows; r += group) {
+        const int nr = rows - r < group ? (int)(rows - r) : (int)group;
         const int8_t *a = qa + r * k;
         const float *d = da + r * ns;
         const int32_t *s = bs + r * nb;
         switch (nr) {  /* constant row counts, so the accumulators live in registers */
-            LANES_CASE(1) LANES_CASE(2) LANES_CASE(3)
-#if LR > 4
-            LANES_CASE(4) LANES_CASE(5) LANES_CASE(6) LANES_CASE(7) LANES_CASE(8)
+            LANES_CASE(1) LANES_CASE(2) LANES_CASE(3) LANES_CASE(4) LANES_CASE(5)
+            LANES_CASE(6) LANES_CASE(7) LANES_CASE(8)
+#if LR > 9
             LANES_CASE(9)
 #endif
         default: lanes_of(bits, &w, k, sb, a, d, s, LR, yt); break;
