@@ -76,7 +76,7 @@ def run(target_name: str, draft_name: str, dtype: str, weights: str, max_tokens:
     from specserve.weights.loader import load_model
 
     target = load_model(target_name, dtype, weights)
-    draft = load_model(draft_name, dtype, weights)
+    draft = load_model(draft_name, dtype, weights, draft=True)
     print(f"# target {target.path.name} loaded in {target.load_seconds:.1f}s; "
           f"draft {draft.path.name} in {draft.load_seconds:.1f}s", file=sys.stderr)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)

@@ -102,7 +102,9 @@ class LLM:
 
     def _load_draft(self, dtype: str) -> None:
         if self.draft is None:
-            self.draft = load_model(self.spec.model, self.spec.draft_dtype or dtype, self.weights)
+            weights = self.spec.draft_weights
+            self.draft = load_model(self.spec.model, self.spec.draft_dtype or dtype,
+                                    weights or self.weights, draft=weights is None)
         check_same_vocabulary(self.target.tokenizer, self.draft.tokenizer)
 
     # ------------------------------------------------------------------ generation

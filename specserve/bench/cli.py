@@ -137,7 +137,7 @@ def cmd_concurrency(args) -> int:
     texts = list(workloads.resolve(names, prompt_files(args), args.workload_dir).values())
     configs = cc.default_configs(args.disable_by_batch_size)
     target = load_model(args.model, args.dtype, args.weights)
-    draft = load_model(args.draft_model, args.dtype, args.weights)
+    draft = load_model(args.draft_model, args.dtype, args.weights, draft=True)
     log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s) and {draft.path.name} "
         f"({draft.load_seconds:.1f}s)")
     bench = Bench(target, draft, build(BenchOptions, args))
@@ -205,7 +205,7 @@ def cmd_bench(args) -> int:
     target = load_model(args.model, args.dtype, args.weights)
     needs_draft = any(c.spec and suites.uses_draft(c.spec) for c in configs)
     wants_draft = needs_draft or ("transformers" in args.compare and not args.no_assisted)
-    draft = load_model(args.draft_model, args.dtype, args.weights) if wants_draft else None
+    draft = load_model(args.draft_model, args.dtype, args.weights, draft=True) if wants_draft else None
     log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s)"
         + (f" and {draft.path.name} ({draft.load_seconds:.1f}s)" if draft else ""))
     bench = Bench(target, draft, options)

@@ -48,7 +48,7 @@ def cmd_frontier(args, prompt_files: dict) -> int:
     configs = frontier.frontier_configs(args.frontier_k)
     plots = _has_matplotlib()
     target = load_model(args.model, args.dtype, args.weights)
-    draft = load_model(args.draft_model, args.dtype, args.weights)
+    draft = load_model(args.draft_model, args.dtype, args.weights, draft=True)
     log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s) and {draft.path.name} "
         f"({draft.load_seconds:.1f}s); {len(tasks)} tasks + {frontier.CREATIVE}, "
         f"{len(configs)} configurations")

@@ -15,6 +15,9 @@ lowest this many token ids and the added (special) tokens, a cheaper draft step 
 `draft_head.py`; None: the whole vocabulary). `max_k` None: 16 for the lookup-led methods (a long match drafts
 long), 8 for `draft_model`.
 
+`draft_weights` None: the draft loads in the target's weight format, except that what would
+load int4 loads int4-all (see `weights/loader.py`: a cheaper draft step, acceptance level).
+
 `prefill_window`: when a sequence's draft model starts (deferred until its policy first
 wants to draft: see `draft_model`), it is fed at most the newest `prefill_window` tokens of
 the context (None: all of them), which bounds what starting the drafter costs.
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 
 from specserve.options import option
 from specserve.weights.loader import DTYPES
+from specserve.weights.quant import FORMATS
 from specserve.sampling.params import require_bool, require_int, require_real
 from specserve.speculative.draft_model import DEFAULT_PREFILL_WINDOW
 from specserve.speculative.suffix import DEFAULT_CACHE_TOKENS
@@ -66,6 +70,9 @@ class SpeculativeConfig:
         None, "draft nothing while this many or more sequences are running")
     draft_dtype: str | None = option(None, "the draft's dtype (default: the target's)",
                                      choices=DTYPES)
+    draft_weights: str | None = option(
+        None, "the draft's weight format (default: the target's, with int4 as int4-all: "
+        "every projection and the head at 4 bits)", choices=FORMATS)
     prefill_window: int | None = option(
         DEFAULT_PREFILL_WINDOW, "newest context tokens a starting draft is fed")
     suffix_cache_tokens: int = option(
@@ -100,6 +107,7 @@ class SpeculativeConfig:
             self._set("disable_by_batch_size",
                       require_int("disable_by_batch_size", self.disable_by_batch_size, minimum=1))
         _check_choice("draft_dtype", self.draft_dtype, tuple(DTYPES))
+        _check_choice("draft_weights", self.draft_weights, FORMATS)
         if self.prefill_window is not None:
             self._set("prefill_window", require_int("prefill_window", self.prefill_window,
                                                     minimum=1))

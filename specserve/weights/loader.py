@@ -9,6 +9,14 @@ says so). Where the native kernels cannot run, "auto" loads dense bfloat16. `dty
 follows the weights: float32 for the native kernels (their activations are float32; the
 embedding and norms are kept in float32 too), bfloat16 for dense weights.
 
+A draft model (`draft=True`) that would load int4 loads "int4-all" instead: every projection
+and the head at 4 bits, the wider tensors too (the 0.5B Qwen2.5-Coder Q4_K_M file stores its
+gate/up, output and q/k projections Q5_0, which int4 keeps at 6 bits). A draft's precision
+changes only how often its drafts are accepted, never the output (the verifier judges each
+draft against the distribution it was sampled from). The default pair's draft step reads
+257 MB instead of 364 (restricted head included), and acceptance on the shipped workloads
+stayed level.
+
 A GGUF file on the native kernels is repacked once, layer by layer straight from its memory
 map (the float weights of one layer at a time, never the whole model), and the result is
 kept in the weight cache (`weight_cache.py`); later loads map it from there in well under a
@@ -68,6 +76,7 @@ class LoadedModel:
     path: Path
     load_seconds: float
     weights: str = "bf16"  # as loaded: "bf16" | "float32" | "float16" (dense) | "int8" | "int4"
+    # | "int4-all"
     cache_hit: bool = False  # the repacked weights were mapped from the weight cache
 
 
@@ -80,12 +89,12 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
-def resolve_format(weights: str, quantized_source: bool, native: bool) -> str:
+def resolve_format(weights: str, quantized_source: bool, native: bool, draft: bool = False
+                   ) -> str:
     """What `weights` means for a source: "auto" → "int4" for a quantized file on the native
-    kernels, else "bf16" (dense)."""
-    if weights != "auto":
-        return weights
-    return "int4" if quantized_source and native else "bf16"
+    kernels, else "bf16" (dense); for a `draft`, int4 becomes "int4-all"."""
+    fmt = weights if weights != "auto" else "int4" if quantized_source and native else "bf16"
+    return "int4-all" if draft and fmt == "int4" else fmt
 
 
 def resolve_dtype(dtype: torch.dtype | None, fmt: str, native: bool) -> torch.dtype:
@@ -98,9 +107,10 @@ def resolve_dtype(dtype: torch.dtype | None, fmt: str, native: bool) -> torch.dt
 
 
 def load_model(name: str | Path, dtype: str | torch.dtype = "auto", weights: str = "auto",
-               weight_cache: bool = True) -> LoadedModel:
+               weight_cache: bool = True, draft: bool = False) -> LoadedModel:
     """`weights`: one of `FORMATS` (see the module docstring); `weight_cache=False` repacks
-    without reading or writing the weight cache."""
+    without reading or writing the weight cache; `draft`: load a draft model (what `weights`
+    resolves to int4 loads int4-all)."""
     if weights not in FORMATS:
         raise ValueError(f"weights must be one of {FORMATS}, got {weights!r}")
     requested = parse_dtype(dtype)
@@ -112,7 +122,7 @@ def load_model(name: str | Path, dtype: str | torch.dtype = "auto", weights: str
     native = kernels.qmatmul() is not None
     hit = False
     if path.is_dir():
-        fmt = resolve_format(weights, False, native)
+        fmt = resolve_format(weights, False, native, draft)
         torch_dtype = resolve_dtype(requested, fmt, native)
         cfg, raw, tensors = load_hf_dir(path, torch_dtype)
         tokenizer = tok.from_hf_dir(path, eos_ids(path, raw))
@@ -124,7 +134,7 @@ def load_model(name: str | Path, dtype: str | torch.dtype = "auto", weights: str
         meta = read_metadata(gguf_file)
         cfg = config_from_gguf(gguf_file, meta)
         bits = tensor_bits(gguf_file)
-        fmt = resolve_format(weights, is_quantized(bits), native)
+        fmt = resolve_format(weights, is_quantized(bits), native, draft)
         torch_dtype = resolve_dtype(requested, fmt, native)
         if fmt in QUANTIZED_FORMATS and native and _fits_native(cfg):
             slot = _cache_slot(path, fmt, torch_dtype) if weight_cache else None

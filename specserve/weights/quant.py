@@ -35,9 +35,11 @@ import torch
 from specserve import kernels
 
 # The `weights=` choices: "auto" follows the source (a quantized GGUF file stays quantized,
-# int4-style; float sources load dense), "bf16"/"float32" load dense, "int8"/"int4" quantize.
-FORMATS = ("auto", "bf16", "float32", "int8", "int4")
-QUANTIZED_FORMATS = ("int8", "int4")
+# int4-style; float sources load dense), "bf16"/"float32" load dense, "int8"/"int4" quantize;
+# "int4-all" is int4 without the wider tensors (every projection and the head at 4 bits: a
+# draft model's default, see `loader.load_model`).
+FORMATS = ("auto", "bf16", "float32", "int8", "int4", "int4-all")
+QUANTIZED_FORMATS = ("int8", "int4", "int4-all")
 INT4_GROUP = 32
 
 
@@ -370,11 +372,13 @@ SIX_BIT_SOURCE_MAX = 7.0
 
 
 def projection_width(fmt: str, sources: list[str], source_bits: dict[str, float]) -> int:
-    """Bits a projection gets under `fmt` ("int8" | "int4"): int8 all 8; int4 follows the
-    widest of its sources (fused q/k/v: all three) in the file, 4 up to `FOUR_BIT_SOURCE_MAX`
-    bits per weight, 6 up to `SIX_BIT_SOURCE_MAX`, 8 above."""
+    """Bits a projection gets under `fmt` ("int8" | "int4" | "int4-all"): int8 all 8, int4-all
+    all 4; int4 follows the widest of its sources (fused q/k/v: all three) in the file, 4 up
+    to `FOUR_BIT_SOURCE_MAX` bits per weight, 6 up to `SIX_BIT_SOURCE_MAX`, 8 above."""
     if fmt == "int8":
         return 8
+    if fmt == "int4-all":
+        return 4
     widest = max((source_bits.get(n, 0.0) for n in sources), default=0.0)
     return 4 if widest <= FOUR_BIT_SOURCE_MAX else 6 if widest <= SIX_BIT_SOURCE_MAX else 8
 
@@ -400,7 +404,7 @@ def head_source(source_bits: dict[str, float]) -> str:
 
 def quantize_layer(layer, index: int, fmt: str, source_bits: dict[str, float],
                    native: bool) -> None:
-    """Replace every projection of decoder layer `index` by `fmt` ("int8" | "int4")."""
+    """Replace every projection of decoder layer `index` by `fmt` (one of QUANTIZED_FORMATS)."""
     for attr, names in layer_projections(index).items():
         width = projection_width(fmt, names, source_bits)
         setattr(layer, attr, quantize_linear(getattr(layer, attr), width, native))

@@ -47,6 +47,8 @@ INVALID = [
     ("disable_by_batch_size", 2.0),
     ("draft_dtype", "int3"),
     ("draft_dtype", 16),
+    ("draft_weights", "int3"),
+    ("draft_weights", 4),
     ("prefill_window", 0),
     ("prefill_window", 2.5),
     ("prefill_window", "256"),

@@ -196,6 +196,36 @@ def test_auto_keeps_a_quantized_file_quantized_int4_style(tmp_path, cache, types
     assert torch.equal(logits(auto), logits(load_model(path, weights="int4")))
 
 
+def test_a_draft_model_loads_every_projection_and_the_head_at_4_bits(tmp_path, cache):
+    """A draft (`draft=True`) narrows int4 to int4-all: the Q6_K ffn tensors, which int4 keeps
+    at 6 bits, and the head go to 4 bits too, in an entry of their own; a format asked for by
+    name, and a float file, are loaded as for a target."""
+    path = write_gguf(tmp_path)
+    target, draft = load_model(path), load_model(path, draft=True)
+    assert (target.weights, draft.weights) == ("int4", "int4-all")
+    assert target.model.layers[0].gate_up.w.bits == 6
+    projections = [getattr(layer, name) for layer in draft.model.layers
+                   for name in ("qkv", "o", "gate_up", "down")] + [draft.model.lm_head]
+    assert all(isinstance(p, NativeLinear) and p.w.bits == 4 for p in projections)
+    assert len(entries(cache)) == 2
+    again = load_model(path, draft=True)
+    assert again.cache_hit and torch.equal(logits(again), logits(draft))
+    assert not torch.equal(logits(draft), logits(target))
+    assert load_model(path, weights="int8", draft=True).weights == "int8"
+    assert load_model(write_gguf(tmp_path, {"default": T.F32}, name="f.gguf"),
+                      draft=True).weights == "bf16"
+
+
+def test_the_llm_loads_its_draft_int4_all_unless_the_config_names_a_format(tmp_path, cache):
+    from specserve.llm import LLM
+
+    path = str(write_gguf(tmp_path))
+    spec = {"method": "draft_model", "model": path, "num_speculative_tokens": 2}
+    assert LLM(path, speculative_config=spec).draft.weights == "int4-all"
+    named = LLM(path, speculative_config=spec | {"draft_weights": "int4"})
+    assert named.draft.weights == "int4" and named.target.weights == "int4"
+
+
 def test_auto_loads_a_float_file_dense(tmp_path, cache):
     path = write_gguf(tmp_path, {"default": T.F32})
     auto = load_model(path)
