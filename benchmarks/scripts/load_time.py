@@ -39,14 +39,15 @@ def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 start, start_cpu = time.perf_counter(), cpu()
-m = load_model(sys.argv[1])
+m = load_model(sys.argv[1], draft=sys.argv[2] == "draft")
 print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": cpu() - start_cpu,
                   "cache_hit": m.cache_hit, "weights": m.weights}))
 """
 
 
-def load_once(name: str, env: dict) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, name], env=env, check=True,
+def load_once(name: str, env: dict, draft: bool) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD, name, "draft" if draft else "target"],
+                         env=env, check=True,
                          capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -54,6 +55,8 @@ def load_once(name: str, env: dict) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=[DEFAULT_TARGET, DEFAULT_DRAFT])
+    p.add_argument("--drafts", nargs="*", default=[DEFAULT_DRAFT],
+                   help="those of --models loaded as a draft model (int4-all), as the engine does")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warm-only", action="store_true")
     args = p.parse_args()
@@ -64,11 +67,11 @@ def main() -> None:
             for sub in ("models", "kernels"):
                 os.symlink(real / sub, cache / sub)
         env = dict(os.environ, SPECSERVE_CACHE=str(cache))
-        cold = {name: load_once(name, env) for name in args.models}
+        cold = {name: load_once(name, env, name in args.drafts) for name in args.models}
         warm: dict[str, list[dict]] = {name: [] for name in args.models}
         for _ in range(args.repeats):
             for name in args.models:
-                warm[name].append(load_once(name, env))
+                warm[name].append(load_once(name, env, name in args.drafts))
         sizes = {f.name: f.stat().st_size for f in (cache / "weights").glob("*.weights")}
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
