@@ -80,7 +80,8 @@ ATTN_DTYPE = torch.float32
 
 
 def _project(linear, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """`linear(x)` (contiguous), written into `out` where the layer can (`NativeLinear.into`)."""
+    """`linear(x)` (contiguous), written into `out` where the layer can (`into`: the quantized
+    `NativeLinear` and the float `Linear`; PyTorch's packed fallbacks have none)."""
     into = getattr(linear, "into", None)
     return into(x, out) if into is not None else linear(x).contiguous()
 
