@@ -9,8 +9,10 @@ answers to similar requests (the same tool-call JSON, the same boilerplate); pro
 1. **Match.** Find the longest suffix of the context (up to `max_match` tokens) that occurred
    before: in the sequence's own tokens (every earlier end, by one vectorised comparison per
    length, as `ngram.find_ngram_draft`) and in the shared `SuffixCache` of earlier outputs
-   (an index from each `key_len`-gram to its most recent ends, each extended backwards to its
-   true match length). Every occurrence of the longest length found is a *candidate*.
+   (an index from each `KEY_LEN`-gram to its most recent ends, each extended backwards to its
+   true match length; where no `KEY_LEN`-gram recurs and the request's own text matches
+   less, its shorter grams, so that `"\n` after a JSON string's value continues as earlier
+   tool calls closed theirs). Every occurrence of the longest length found is a *candidate*.
 2. **Continue by vote.** Position by position, the candidates still agreeing with the draft
    so far vote with the token that followed them; the most frequent wins (ties: the most
    recent occurrence), and its share of the votes is that position's *confidence* c_i. A
@@ -43,7 +45,8 @@ ending at position 2); the draft is [d x a b c][:max_draft] with every c_i = 1.
 from __future__ import annotations
 
 import json
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -52,9 +55,10 @@ from specserve.speculative.candidate import NO_CANDIDATE, Candidate, TokenBuffer
 DEFAULT_MAX_MATCH = 32  # longest context suffix matched (longer matches are not told apart)
 DEFAULT_MAX_DRAFT = 16  # longest draft proposed
 DEFAULT_MIN_CONFIDENCE = 0.1  # a draft stops where the product of its confidences falls below
-DEFAULT_CACHE_TOKENS = 1 << 18  # output tokens the shared cache keeps (about 40 MB)
-KEY_LEN = 3  # tokens of the cache's index keys: a cross-request match is at least this long
+DEFAULT_CACHE_TOKENS = 1 << 18  # output tokens the shared cache keeps (about 65 MB)
+KEY_LEN = 3  # tokens of the cache's longest index keys (every gram of 1..KEY_LEN is a key)
 MAX_ENDS_PER_KEY = 8  # most recent ends kept per index key
+END_BITS = 32  # an index entry is one int, doc id << END_BITS | end (a tuple costs 3 objects)
 MAX_CANDIDATES = 16  # occurrences that vote, most recent first
 PROMPT_CONTEXT = 16  # prompt tokens kept before each cached output, to match its start
 MAX_VIEW_TOKENS = 8192  # prompts longer than this get no view (its tokenization would hold
@@ -67,17 +71,19 @@ class SuffixCache:
     """Earlier requests' outputs, bounded by `max_tokens`, shared by every sequence.
 
     `docs` maps a document id to its tokens (int64 array), least recently used first; `index`
-    maps each `KEY_LEN`-gram to up to `MAX_ENDS_PER_KEY` (doc id, end position) pairs, newest
-    last. An evicted document's index entries are dropped lazily (a lookup skips ids no longer
-    in `docs`), and an index key whose entries all went is deleted when a lookup finds it so.
+    maps each n-gram (n = `min_key`..`KEY_LEN`) to up to `MAX_ENDS_PER_KEY` entries (doc id,
+    end position: `entries`), newest last, so it holds at most `KEY_LEN` per kept token.
+    Evicting a document drops its entries, and a key whose entries all went.
     """
 
-    def __init__(self, max_tokens: int = DEFAULT_CACHE_TOKENS) -> None:
+    def __init__(self, max_tokens: int = DEFAULT_CACHE_TOKENS, min_key: int = 1) -> None:
         if max_tokens < 0:
             raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        self.max_tokens = max_tokens
+        if not 1 <= min_key <= KEY_LEN:
+            raise ValueError(f"min_key must be in [1, {KEY_LEN}], got {min_key}")
+        self.max_tokens, self.min_key = max_tokens, min_key
         self.docs: OrderedDict[int, np.ndarray] = OrderedDict()
-        self.index: dict[tuple[int, ...], deque[tuple[int, int]]] = {}
+        self.index: dict[tuple[int, ...], list[int]] = {}
         self.num_tokens = 0
         self._next_id = 0
         self._leads: dict[int, int] = {}  # doc id → its lead
@@ -101,9 +107,11 @@ class SuffixCache:
         self.docs[doc] = arr
         self._leads[doc] = lead
         self.num_tokens += len(arr)
-        for end in _ends(len(tokens), lead):
-            key = tuple(tokens[end - KEY_LEN + 1:end + 1])
-            self.index.setdefault(key, deque(maxlen=MAX_ENDS_PER_KEY)).append((doc, end))
+        for key, end in _keys(tokens, lead, self.min_key):
+            ends = self.index.setdefault(key, [])
+            ends.append(doc << END_BITS | end)
+            if len(ends) > MAX_ENDS_PER_KEY:
+                del ends[0]
         while self.num_tokens > self.max_tokens:
             self._evict()
 
@@ -111,39 +119,47 @@ class SuffixCache:
         """Drop the least recently used document and its index entries."""
         doc, arr = self.docs.popitem(last=False)
         self.num_tokens -= len(arr)
-        tokens = arr.tolist()
-        for end in _ends(len(tokens), self._leads.pop(doc)):
-            key = tuple(tokens[end - KEY_LEN + 1:end + 1])
+        for key, _ in _keys(arr.tolist(), self._leads.pop(doc), self.min_key):
             ends = self.index.get(key)
             if ends is None:
                 continue
-            kept = [e for e in ends if e[0] != doc]
-            if kept:
-                ends.clear()
-                ends.extend(kept)
-            else:
+            ends[:] = [e for e in ends if e >> END_BITS != doc]
+            if not ends:
                 del self.index[key]
 
-    def occurrences(self, context: np.ndarray, max_match: int) -> list[tuple[int, np.ndarray, int]]:
+    def entries(self) -> Iterator[tuple[int, int]]:
+        """Every index entry as (doc id, end)."""
+        for ends in self.index.values():
+            for e in ends:
+                yield e >> END_BITS, e & ((1 << END_BITS) - 1)
+
+    def occurrences(self, context: np.ndarray, max_match: int, min_key: int = KEY_LEN
+                    ) -> list[tuple[int, np.ndarray, int]]:
         """(match length, document, end) of the cached occurrences of the context's last
-        `KEY_LEN` tokens, most recent first, each extended backwards up to `max_match`."""
-        if len(context) < KEY_LEN:
-            return []
-        key = tuple(context[-KEY_LEN:].tolist())
-        ends = self.index.get(key)
+        `KEY_LEN` tokens, most recent first, each extended backwards up to `max_match`; where
+        there are none, of its last `KEY_LEN` − 1 tokens, and so on down to `min_key`."""
+        ends = None
+        for n in range(min(KEY_LEN, len(context)), max(min_key, self.min_key) - 1, -1):
+            ends = self.index.get(tuple(context[-n:].tolist()))
+            if ends:
+                break
         if not ends:
             return []
         found = []
-        for doc, end in reversed(ends):
+        for e in reversed(ends):
+            doc, end = e >> END_BITS, e & ((1 << END_BITS) - 1)
             arr = self.docs[doc]
             self.docs.move_to_end(doc)  # used: the last to be evicted
             found.append((_match_back(context, arr, end, max_match), arr, end))
         return found
 
 
-def _ends(length: int, lead: int) -> range:
-    """A document's indexed ends: each closes a whole key and has an output token after it."""
-    return range(max(KEY_LEN - 1, lead - 1), length - 1)
+def _keys(tokens: list[int], lead: int, min_key: int) -> Iterator[tuple[tuple[int, ...], int]]:
+    """A document's (key, end) pairs: every n-gram (n = `min_key`..`KEY_LEN`) that ends where
+    an output token follows it (so not inside the lead)."""
+    for end in range(max(min_key - 1, lead - 1), len(tokens) - 1):
+        for n in range(min_key, min(KEY_LEN, end + 1) + 1):
+            yield tuple(tokens[end - n + 1:end + 1]), end
 
 
 def _match_back(context: np.ndarray, arr: np.ndarray, end: int, max_match: int) -> int:
@@ -233,7 +249,7 @@ class SuffixDrafter:
 
     def add_view(self, seq, tokens: list[int]) -> None:
         """Another rendering of the sequence's prompt that its output may copy."""
-        view = self._views.setdefault(seq.seq_id, SuffixCache(1 << 30))
+        view = self._views.setdefault(seq.seq_id, SuffixCache(1 << 30, min_key=KEY_LEN))
         view.add(tokens)
 
     def candidate(self, seq, max_draft: int | None = None) -> Candidate:
@@ -246,8 +262,11 @@ class SuffixDrafter:
         voters = [(n, arr, int(e)) for e in ends[::-1][:MAX_CANDIDATES]]
         view = self._views.get(seq.seq_id)
         viewed = view.occurrences(arr, self.max_match) if view is not None else []
-        cached = self.cache.occurrences(arr, self.max_match) if self.cache is not None else []
-        best = max([n] + [m for m, _, _ in viewed] + [m for m, _, _ in cached])
+        own = max([n] + [m for m, _, _ in viewed])
+        # a match shorter than a whole key only where it beats the request's own text
+        cached = [] if self.cache is None else self.cache.occurrences(
+            arr, self.max_match, min_key=min(own + 1, KEY_LEN))
+        best = max([own] + [m for m, _, _ in cached])
         if best < self.min_match:
             return NO_CANDIDATE
         voters = [v for v in voters + viewed if v[0] == best]

@@ -92,7 +92,7 @@ def test_a_lead_is_evicted_with_its_output_and_must_fit_the_document():
     assert not cache.occurrences(np.array([1, 2, 3]), 8)  # an end inside the lead: not indexed
     cache.add(list(range(10, 24)))  # 8 + 14 > 20: the first document goes, keys and all
     assert list(cache.docs) == [1] and not cache.occurrences(np.array([2, 3, 4]), 8)
-    assert all(doc in cache.docs for ends in cache.index.values() for doc, _ in ends)
+    assert all(doc in cache.docs for doc, _ in cache.entries())
     with pytest.raises(ValueError, match="lead"):
         cache.add([1, 2, 3], lead=4)
 
@@ -109,8 +109,8 @@ def test_the_cache_evicts_least_recently_used_outputs_past_its_bound():
     assert not cache.occurrences(np.array([11, 12, 13]), 8)
     assert cache.occurrences(np.array([1, 2, 3]), 8)
     # the evicted output's index entries went with it: memory follows the tokens kept
-    assert all(doc in cache.docs for ends in cache.index.values() for doc, _ in ends)
-    assert sum(len(e) for e in cache.index.values()) <= cache.num_tokens
+    assert all(doc in cache.docs for doc, _ in cache.entries())
+    assert sum(len(e) for e in cache.index.values()) <= KEY_LEN * cache.num_tokens
 
 
 def test_memory_stays_bounded_under_a_stream_of_outputs():
@@ -120,8 +120,8 @@ def test_memory_stays_bounded_under_a_stream_of_outputs():
         cache.add(rng.integers(0, 50, int(rng.integers(5, 60))).tolist())
         assert cache.num_tokens <= 2000
     entries = sum(len(e) for e in cache.index.values())
-    assert entries <= cache.num_tokens  # one entry per kept token at most
-    assert all(doc in cache.docs for ends in cache.index.values() for doc, _ in ends)
+    assert entries <= KEY_LEN * cache.num_tokens  # a key of each length per kept token at most
+    assert all(doc in cache.docs for doc, _ in cache.entries())
 
 
 def test_outputs_too_short_for_a_key_or_too_long_for_the_cache_are_not_kept():
@@ -139,6 +139,33 @@ def test_cache_matches_are_extended_backwards_and_the_longest_wins():
     assert got.match_len == 5 and got.tokens == [50]
 
 
+def test_a_short_cache_match_continues_only_where_the_request_matches_less():
+    # earlier tool calls closed a string value with 7 ("\"\n"), then 8 9 ("  }\n}"): the
+    # new call closes its value after tokens no output had before it (no 3- or 2-gram
+    # recurs), so the last token alone finds its continuation in the cache
+    cache = SuffixCache()
+    drafter = SuffixDrafter(cache)
+    for i in range(2):
+        drafter.finish(seq(i, [50, 60 + i, 61 + i, 7, 8, 9], prompt_len=1))
+    got = drafter.candidate(seq(5, [70, 71, 72, 7], prompt_len=3))
+    assert got.tokens == [8, 9] and got.match_len == 1 and got.from_cache
+    assert got.confidence == [1.0, 1.0]
+    # where the request's own text matches as long, its own occurrences alone vote
+    got = drafter.candidate(seq(6, [7, 4, 70, 7], prompt_len=3))
+    assert got.tokens == [4, 70, 7] and got.match_len == 1 and not got.from_cache
+    # and a longer own match is never outvoted by short cached ones
+    got = drafter.candidate(seq(7, [3, 7, 5, 3, 7], prompt_len=4))
+    assert got.match_len == 2 and got.tokens[0] == 5 and not got.from_cache
+    # the short keys go with their document
+    small = SuffixCache(max_tokens=6)
+    small.add([1, 2, 3, 4, 5, 6])
+    small.add([11, 12, 13, 14, 15, 16])
+    assert not small.occurrences(np.array([9, 9, 2]), 8, min_key=1)
+    assert small.occurrences(np.array([9, 9, 12]), 8, min_key=1)[0][0] == 1
+    assert set(small.index) == {key for n in range(1, KEY_LEN + 1)
+                                for key in zip(*(range(11 + i, 16) for i in range(n)))}
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="max_draft"):
         SuffixDrafter(max_draft=0)
@@ -146,6 +173,8 @@ def test_bad_settings_are_refused():
         SuffixDrafter(min_confidence=1.5)
     with pytest.raises(ValueError, match="max_tokens"):
         SuffixCache(max_tokens=-1)
+    with pytest.raises(ValueError, match="min_key"):
+        SuffixCache(min_key=KEY_LEN + 1)
 
 
 @pytest.fixture(scope="module")
