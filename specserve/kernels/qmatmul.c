@@ -32,10 +32,11 @@
  * weight bytes by 4 broadcast activation bytes and sums each group of 4 into its output's lane
  * (a block is 8 such steps into one register); AVX2 does the same on the tile's two halves of
  * 8 outputs with pmaddubsw, and pmaddwd by the block's scale (in both 16-bit halves of each
- * output's lane) takes the 16-bit sums to 32 bits already scaled. Each chunk of weights, once unpacked, serves up
- * to LR rows while it sits in registers: a pass of up to LR rows (decode, verify) takes them
- * all at once, a longer one groups of GROUP(bits) (AVX2: 4 rows for 4-bit weights, 8 for
- * 6-bit: the fastest of 4, 6, 8 and 9 timed at 256 and 512 rows).
+ * output's lane) takes the 16-bit sums to 32 bits already scaled. Each chunk of weights, once
+ * unpacked, serves up to LR rows while it sits in registers: a pass of up to LR rows (decode,
+ * verify) takes them all at once, a longer one groups of GROUP(bits) (AVX2: 6 rows for 4-bit
+ * weights, 8 for 6-bit, the fastest timed at 256 and 512 rows). The registers go to the rows'
+ * integer sums: each row's float outputs stay in memory (`yt`), updated once per super-block.
  *
  * Arithmetic, the same bits on every path and build. For a row and an output, per super-block
  * s in order, with y = 0 at the start:
@@ -89,7 +90,7 @@
 #define QM_AVX512 0
 #define ROWS 4 /* (more spill registers) */
 #define LR 9   /* a verify pass of 1 + 8 drafts: one pass over the tile */
-#define GROUP(bits) ((bits) == 4 ? 4 : 8) /* more rows (prefill): see the layout above */
+#define GROUP(bits) ((bits) == 4 ? 6 : 8) /* more rows (prefill): see the layout above */
 #define FO 2
 #endif
 
@@ -250,7 +251,8 @@ static inline __m256i field_to_top(__m256i h, int g) {  /* as the AVX-512 one */
                                             : g == 2 ? h : _mm256_srli_epi16(h, 2);
 }
 
-/* yt [nr, 16] for rows 0..nr, the tile's two halves of 8 outputs one after the other. */
+/* yt [nr, 16] for rows 0..nr, the tile's two halves of 8 outputs one after the other (the
+ * half's outputs live in yt, updated once per super-block, as in the AVX-512 build). */
 static inline __attribute__((always_inline)) void lanes_rows(
     int bits, const lanes_t *w, int64_t k, int64_t sb, const int8_t *qa, const float *da,
     const int32_t *bs, int nr, float *yt) {
@@ -258,8 +260,7 @@ static inline __attribute__((always_inline)) void lanes_rows(
     const __m256i mask = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
     for (int half = 0; half < 2; half++) {
         const int64_t at = 8 * half;  /* the half's first lane */
-        __m256 y[LR];
-        for (int r = 0; r < nr; r++) y[r] = _mm256_setzero_ps();
+        for (int r = 0; r < nr; r++) _mm256_storeu_ps(yt + r * TILE + at, _mm256_setzero_ps());
         for (int64_t s = 0; s < ns; s++) {
             __m256i isum[LR];
             for (int r = 0; r < nr; r++) isum[r] = _mm256_setzero_si256();
@@ -319,11 +320,12 @@ static inline __attribute__((always_inline)) void lanes_rows(
                     msum = _mm256_add_epi32(msum, _mm256_madd_epi16(pairs[j], _mm256_set1_epi32(
                         bs_pair(bs + r * nb + s * per + 2 * j))));
                 const __m256 a = _mm256_set1_ps(da[r * ns + s]);
-                y[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(ds, a), y[r]);
-                y[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dm, a), y[r]);
+                __m256 y = _mm256_loadu_ps(yt + r * TILE + at);
+                y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(ds, a), y);
+                y = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dm, a), y);
+                _mm256_storeu_ps(yt + r * TILE + at, y);
             }
         }
-        for (int r = 0; r < nr; r++) _mm256_storeu_ps(yt + r * TILE + at, y[r]);
     }
 }
 #endif
