@@ -94,6 +94,8 @@
 #define FO 2
 #endif
 
+_Static_assert(GROUP(4) <= LR && GROUP(6) <= LR, "a group of rows is one pass of lanes_rows");
+
 #define QK 32
 #define TILE 16            /* 4, 6 bits: outputs per tile */
 #define SC_MAX_LANES 255
