@@ -282,7 +282,7 @@ static inline __attribute__((always_inline)) void lanes_rows(
                 const __m256i sc32 = _mm256_cvtepu8_epi32(
                     _mm_loadl_epi64((const __m128i *)(w->sc + b * TILE + at)));
                 const __m256i scale = _mm256_or_si256(sc32, _mm256_slli_epi32(sc32, 16));
-                __m256i acc[LR];  /* 4 bits: 16-bit sums; 6 bits: 32-bit */
+                __m256i acc[LR];  /* 4 bits: 16-bit sums; 6 bits: 32-bit, already scaled */
                 for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) {
