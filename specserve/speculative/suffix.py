@@ -123,7 +123,7 @@ class SuffixCache:
             ends = self.index.get(key)
             if ends is None:
                 continue
-            ends[:] = [e for e in ends if e >> END_BITS != doc]
+            ends[:] = [e for e in ends if _split(e)[0] != doc]
             if not ends:
                 del self.index[key]
 
@@ -131,7 +131,7 @@ class SuffixCache:
         """Every index entry as (doc id, end)."""
         for ends in self.index.values():
             for e in ends:
-                yield e >> END_BITS, e & ((1 << END_BITS) - 1)
+                yield _split(e)
 
     def occurrences(self, context: np.ndarray, max_match: int, min_key: int = KEY_LEN
                     ) -> list[tuple[int, np.ndarray, int]]:
@@ -147,11 +147,16 @@ class SuffixCache:
             return []
         found = []
         for e in reversed(ends):
-            doc, end = e >> END_BITS, e & ((1 << END_BITS) - 1)
+            doc, end = _split(e)
             arr = self.docs[doc]
             self.docs.move_to_end(doc)  # used: the last to be evicted
             found.append((_match_back(context, arr, end, max_match), arr, end))
         return found
+
+
+def _split(entry: int) -> tuple[int, int]:
+    """An index entry's (doc id, end)."""
+    return entry >> END_BITS, entry & ((1 << END_BITS) - 1)
 
 
 def _keys(tokens: list[int], lead: int, min_key: int) -> Iterator[tuple[tuple[int, ...], int]]:
