@@ -43,6 +43,9 @@
 #define ROWS 8     /* rows of one sequence per work item, sharing each key and value load */
 #define PTILE 64   /* positions per value tile (kept in L1 for all rows of an item) */
 #define AHEAD 16   /* positions whose keys are prefetched ahead of the score tile */
+/* Prefetches are inline assembly: GCC finds a small function whose only statement is
+ * `_mm_prefetch` free of side effects and deletes the calls it did not inline early (so no
+ * prefetch was ever issued here before). */
 
 #if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define AT_AVX512 1 /* two query heads (scores) or 16 columns (values) per register; each
@@ -67,10 +70,23 @@ static inline __attribute__((always_inline)) __m256 kv_load(const void *pool, in
     return _mm256_loadu_ps((const float *)pool + i);
 }
 
-static inline void kv_prefetch(const void *pool, int64_t i, int kind, int hint) {
+#if AT_AVX512
+/* 16 elements from element index i, widened to float32: the values of two kv_load. */
+static inline __attribute__((always_inline)) __m512 kv_load16(const void *pool, int64_t i,
+                                                              int kind) {
+    if (kind == KV_F16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)pool + i)));
+    if (kind == KV_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+            _mm256_loadu_si256((const __m256i *)((const uint16_t *)pool + i))), 16));
+    return _mm512_loadu_ps((const float *)pool + i);
+}
+#endif
+
+/* Fetch the cache line of element i of a pool into L1 (see AHEAD). */
+static inline void kv_prefetch(const void *pool, int64_t i, int kind) {
     const char *at = (const char *)pool + i * kv_size(kind);
-    if (hint == _MM_HINT_T0) _mm_prefetch(at, _MM_HINT_T0);
-    else _mm_prefetch(at, _MM_HINT_T1);
+    __asm__ volatile("prefetcht0 %0" : : "m"(*at));
 }
 
 /* float32 → bfloat16, nearest even; NaN → the quiet NaN 0x7FC0 (as PyTorch rounds). */
@@ -151,11 +167,13 @@ static inline __attribute__((always_inline)) void scores(
     const void *kp, int kind, const int64_t *off, float *s, __m256 *vmax, float *kt) {
     const int64_t line = 64 / kv_size(kind);  /* elements per cache line */
     for (int j = 0; j < m * G; j++) vmax[j] = _mm256_set1_ps(-INFINITY);
+    for (int64_t p = 0; p < AHEAD && p < nmax; p++)  /* the first tiles' keys */
+        for (int64_t j = 0; j < hd; j += line) kv_prefetch(kp, off[p] + j, kind);
     for (int64_t p0 = 0; p0 < nmax; p0 += TILE) {
         int64_t k[TILE];  /* element index of each key of the tile */
         for (int t = 0; t < TILE; t++) k[t] = off[p0 + t < nmax ? p0 + t : nmax - 1];
         for (int64_t p = p0 + AHEAD; p < p0 + AHEAD + TILE && p < nmax; p++)
-            for (int64_t j = 0; j < hd; j += line) kv_prefetch(kp, off[p] + j, kind, _MM_HINT_T0);
+            for (int64_t j = 0; j < hd; j += line) kv_prefetch(kp, off[p] + j, kind);
         /* the tile's keys as float32 rows: a float32 pool's own, else widened once into kt
          * for all m·G query vectors instead of once per vector */
         const float *key[TILE];
@@ -164,7 +182,12 @@ static inline __attribute__((always_inline)) void scores(
                 key[t] = (const float *)kp + k[t];
                 continue;
             }
-            for (int64_t j = 0; j < hd; j += 8)
+            int64_t j = 0;
+#if AT_AVX512
+            for (; j + 16 <= hd; j += 16)
+                _mm512_storeu_ps(kt + t * hd + j, kv_load16(kp, k[t] + j, kind));
+#endif
+            for (; j < hd; j += 8)
                 _mm256_storeu_ps(kt + t * hd + j, kv_load(kp, k[t] + j, kind));
             key[t] = kt + t * hd;
         }
@@ -266,9 +289,7 @@ static inline __attribute__((always_inline)) void values_block16(
     for (int g = 0; g < gb; g++)
         acc[g] = p0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(o + g * hd + c);
     for (int64_t p = p0; p < p1; p++) {
-        const __m512 vv = _mm512_insertf32x8(
-            _mm512_castps256_ps512(kv_load(vp, off[p] + c, kind)),
-            kv_load(vp, off[p] + c + 8, kind), 1);
+        const __m512 vv = kv_load16(vp, off[p] + c, kind);
         for (int g = 0; g < gb; g++)
             acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(w[g * np + p]), vv, acc[g]);
     }
@@ -296,10 +317,15 @@ static inline __attribute__((always_inline)) void values(
     const float *inv, const void *vp, int kind, const int64_t *off, float *const *out) {
     const int passes = (G + GROUP - 1) / GROUP, per = (G + passes - 1) / passes;
     const int64_t line = 64 / kv_size(kind);  /* elements per cache line */
+    /* the next tile's values are fetched into L1 a share per column chunk, not all at once */
+    const int64_t share = (PTILE + (hd + 15) / 16 - 1) / ((hd + 15) / 16);
+    for (int64_t p = 0; p < PTILE && p < nmax; p++)  /* the first tile */
+        for (int64_t j = 0; j < hd; j += line) kv_prefetch(vp, off[p] + j, kind);
     for (int64_t p0 = 0; p0 < nmax; p0 += PTILE) {
-        for (int64_t p = p0 + PTILE; p < p0 + 2 * PTILE && p < nmax; p++)
-            for (int64_t j = 0; j < hd; j += line) kv_prefetch(vp, off[p] + j, kind, _MM_HINT_T1);
         for (int64_t c = 0; c < hd; c += 16) {
+            const int64_t a0 = p0 + PTILE + c / 16 * share;
+            for (int64_t p = a0; p < a0 + share && p < p0 + 2 * PTILE && p < nmax; p++)
+                for (int64_t j = 0; j < hd; j += line) kv_prefetch(vp, off[p] + j, kind);
             const int nv = hd - c >= 16 ? 2 : 1;
             for (int i = 0; i < m; i++) {
                 if (p0 >= n[i]) continue;
