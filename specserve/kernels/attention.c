@@ -160,8 +160,81 @@ static inline __m256 exp_nonpos(__m256 x) {
 
 
 /* s [m, G, np] = qs [m, G, hd] · keysᵀ (qs already scaled), −inf past each row's n[i]; vmax
- * [m, G] ← lane-wise maxima. Each tile of 8 keys is loaded (and widened, into kt [TILE, hd])
- * once for all m·G query vectors. */
+ * [m, G] ← lane-wise maxima. Each (query vector, key) score is the sum of 8 lanes (lane j:
+ * the FMAs of q[8c + j]·k[8c + j] over the chunks c of hd in order, from zero) by one fixed
+ * tree (hsum8x8): the AVX-512 build holds two keys' 8 lanes in one register, the AVX2 build
+ * one, so both give the same bits. */
+#if AT_AVX512
+#define QB 6 /* query vectors per pass over a tile's keys (6 × 4 accumulators of 32) */
+
+/* acc[v][pr] for nq ≤ QB query vectors q [nq, hd] (nq a constant after inlining) × the
+ * tile's keys in pairs, kt [TILE / 2, hd / 8, 16] (key 2pr's chunk c in lanes 0-7, key
+ * 2pr + 1's in lanes 8-15): each key pair is loaded once for the nq vectors. */
+static inline __attribute__((always_inline)) void score_block(int nq, const float *q,
+                                                              int64_t hd, const float *kt,
+                                                              __m512 acc[QB][TILE / 2]) {
+    const int64_t chunks = hd / 8;
+    for (int v = 0; v < nq; v++)
+        for (int pr = 0; pr < TILE / 2; pr++) acc[v][pr] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; c++) {
+        __m512 kk[TILE / 2];
+        for (int pr = 0; pr < TILE / 2; pr++) kk[pr] = _mm512_loadu_ps(kt + (pr * chunks + c) * 16);
+        for (int v = 0; v < nq; v++) {
+            const __m512 qv = _mm512_broadcast_f32x8(_mm256_loadu_ps(q + v * hd + 8 * c));
+            for (int pr = 0; pr < TILE / 2; pr++)
+                acc[v][pr] = _mm512_fmadd_ps(qv, kk[pr], acc[v][pr]);
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void scores(
+    int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int64_t np, const float *qs,
+    const void *kp, int kind, const int64_t *off, float *s, __m256 *vmax, float *kt) {
+    const int64_t line = 64 / kv_size(kind), chunks = hd / 8;
+    const int nvec = m * G;
+    for (int j = 0; j < nvec; j++) vmax[j] = _mm256_set1_ps(-INFINITY);
+    for (int64_t p = 0; p < AHEAD && p < nmax; p++)  /* the first tiles' keys */
+        for (int64_t j = 0; j < hd; j += line) kv_prefetch(kp, off[p] + j, kind);
+    for (int64_t p0 = 0; p0 < nmax; p0 += TILE) {
+        for (int64_t p = p0 + AHEAD; p < p0 + AHEAD + TILE && p < nmax; p++)
+            for (int64_t j = 0; j < hd; j += line) kv_prefetch(kp, off[p] + j, kind);
+        for (int t = 0; t < TILE; t++) {  /* the tile's keys widened into pairs (past nmax: the last) */
+            const int64_t k = off[p0 + t < nmax ? p0 + t : nmax - 1];
+            for (int64_t c = 0; c < chunks; c++)
+                _mm256_storeu_ps(kt + ((t / 2) * chunks + c) * 16 + (t % 2) * 8,
+                                 kv_load(kp, k + 8 * c, kind));
+        }
+        for (int v0 = 0; v0 < nvec; v0 += QB) {
+            const int nq = nvec - v0 < QB ? nvec - v0 : QB;
+            const float *q = qs + (int64_t)v0 * hd;
+            __m512 acc[QB][TILE / 2];
+            switch (nq) {  /* constant counts: the accumulators stay in registers */
+            case 1: score_block(1, q, hd, kt, acc); break;
+            case 2: score_block(2, q, hd, kt, acc); break;
+            case 3: score_block(3, q, hd, kt, acc); break;
+            case 4: score_block(4, q, hd, kt, acc); break;
+            case 5: score_block(5, q, hd, kt, acc); break;
+            default: score_block(QB, q, hd, kt, acc); break;
+            }
+            for (int v = 0; v < nq; v++) {
+                const int64_t idx = v0 + v, i = idx / G;
+                if (p0 >= n[i]) continue;  /* a row's last tile ends before nmax's */
+                const int valid = n[i] - p0 < TILE ? (int)(n[i] - p0) : TILE;
+                const __m256 live = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
+                                                  _mm256_set1_ps((float)valid), _CMP_LT_OQ);
+                __m256 keys[TILE];  /* each key's 8 lanes */
+                for (int pr = 0; pr < TILE / 2; pr++) {
+                    keys[2 * pr] = _mm512_castps512_ps256(acc[v][pr]);
+                    keys[2 * pr + 1] = _mm512_extractf32x8_ps(acc[v][pr], 1);
+                }
+                const __m256 sc = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), hsum8x8(keys), live);
+                _mm256_storeu_ps(s + idx * np + p0, sc);
+                vmax[idx] = _mm256_max_ps(vmax[idx], sc);
+            }
+        }
+    }
+}
+#else
 static inline __attribute__((always_inline)) void scores(
     int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int64_t np, const float *qs,
     const void *kp, int kind, const int64_t *off, float *s, __m256 *vmax, float *kt) {
@@ -182,12 +255,7 @@ static inline __attribute__((always_inline)) void scores(
                 key[t] = (const float *)kp + k[t];
                 continue;
             }
-            int64_t j = 0;
-#if AT_AVX512
-            for (; j + 16 <= hd; j += 16)
-                _mm512_storeu_ps(kt + t * hd + j, kv_load16(kp, k[t] + j, kind));
-#endif
-            for (; j < hd; j += 8)
+            for (int64_t j = 0; j < hd; j += 8)
                 _mm256_storeu_ps(kt + t * hd + j, kv_load(kp, k[t] + j, kind));
             key[t] = kt + t * hd;
         }
@@ -197,32 +265,6 @@ static inline __attribute__((always_inline)) void scores(
             const __m256 live = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
                                               _mm256_set1_ps((float)valid), _CMP_LT_OQ);
             int g = 0;
-#if AT_AVX512
-            for (; g + 1 < G; g += 2) {  /* heads g (low lanes) and g + 1 (high lanes) */
-                const int64_t idx = (int64_t)i * G + g;
-                const float *qg = qs + idx * hd;
-                __m512 acc[TILE];
-                for (int t = 0; t < TILE; t++) acc[t] = _mm512_setzero_ps();
-                for (int64_t j = 0; j < hd; j += 8) {
-                    const __m512 qv = _mm512_insertf32x8(
-                        _mm512_castps256_ps512(_mm256_loadu_ps(qg + j)),
-                        _mm256_loadu_ps(qg + hd + j), 1);
-                    for (int t = 0; t < TILE; t++)
-                        acc[t] = _mm512_fmadd_ps(
-                            qv, _mm512_broadcast_f32x8(_mm256_loadu_ps(key[t] + j)), acc[t]);
-                }
-                for (int h = 0; h < 2; h++) {
-                    __m256 half[TILE];
-                    for (int t = 0; t < TILE; t++)
-                        half[t] = h ? _mm512_extractf32x8_ps(acc[t], 1)
-                                    : _mm512_castps512_ps256(acc[t]);
-                    const __m256 sc =
-                        _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), hsum8x8(half), live);
-                    _mm256_storeu_ps(s + (idx + h) * np + p0, sc);
-                    vmax[idx + h] = _mm256_max_ps(vmax[idx + h], sc);
-                }
-            }
-#endif
             for (; g < G; g++) {
                 const int64_t idx = (int64_t)i * G + g;
                 const float *qg = qs + idx * hd;
@@ -240,6 +282,7 @@ static inline __attribute__((always_inline)) void scores(
         }
     }
 }
+#endif
 
 /* s [m, G, np] ← e^(s − max) in place over each row's tiles; inv [m, G] ← 1 / Σ. */
 static void softmax(int m, int G, const int64_t *n, int64_t np, float *s, const __m256 *vmax,

@@ -179,14 +179,15 @@ def test_each_row_bit_identical_in_any_batch(heads, kv_heads, hd):
 
 @pytest.mark.parametrize("heads", [12, 6])  # 6 query heads per KV head, and 3 (an odd count)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_every_instruction_set_build_gives_the_same_bits(monkeypatch, heads, dtype):
+@pytest.mark.parametrize("hd", [64, 24])  # 24: an odd number of 8-wide chunks
+def test_every_instruction_set_build_gives_the_same_bits(monkeypatch, heads, dtype, hd):
     """Every build is checked against the SDPA reference (the kernel has no bit-exact one; a
     CPU with one build still checks it), and all builds give the same bits, for every pool
     element kind and for a number of query heads per KV head that does not pair up."""
-    keys, values = make_sequences(LENGTHS, 2, 64, seed=12)
+    keys, values = make_sequences(LENGTHS, 2, hd, seed=12)
     k_pool, v_pool, tables = paged(keys, values, block_size=16, seed=12)
     k_pool, v_pool = k_pool.to(dtype), v_pool.to(dtype)
-    q, row_seq, row_pos = ragged_batch(heads, 64, LENGTHS, ROWS_OF, seed=12)
+    q, row_seq, row_pos = ragged_batch(heads, hd, LENGTHS, ROWS_OF, seed=12)
     ref = ragged_attention_reference(q, k_pool.float(), v_pool.float(), tables, row_seq, row_pos)
     outs, build_for = [], kernels.attention
     for name in kernels.available_isas():
