@@ -31,7 +31,7 @@ from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.entropy import entropy_budgets, gate_distribution
 from specserve.sampling.fly import FlySettings, verify_fly
 from specserve.sampling.params import SamplingParams
-from specserve.sampling.processors import processed_probs
+from specserve.sampling.processors import needs_history, processed_probs
 from specserve.sampling.rejection import VerifyResult, verify, verify_greedy
 from specserve.speculative.controller import SpeculationController
 from specserve.speculative.drafter import EMPTY, Proposal
@@ -316,10 +316,12 @@ class LLMEngine:
         (a flat budget, or one shaped by the target's entropy), with FLy when the request asks."""
         drafts = torch.tensor(prop.tokens, dtype=torch.long)  # [k]
         params = seq.params
-        target_probs = processed_probs(logits, params, seq.token_ids, seq.prompt_len,
-                                       drafts)  # [k + 1, vocab]
         bonus = self.spec.config.bonus_token if self.spec else True
         fly = FlySettings.of(params) if prop.k >= 2 else None
+        if params.greedy and seq.tv_budget == 0.0 and fly is None and not needs_history(params):
+            return verify_greedy(drafts, logits, bonus)  # the logits' argmax: no one-hot rows
+        target_probs = processed_probs(logits, params, seq.token_ids, seq.prompt_len,
+                                       drafts)  # [k + 1, vocab]
         shaped = params.tv_entropy_top_k is not None and seq.tv_budget > 0 and prop.k > 0
         if params.greedy and seq.tv_budget == 0.0 and fly is None:
             return verify_greedy(drafts, target_probs, bonus)
