@@ -81,6 +81,21 @@ static inline __attribute__((always_inline)) __m512 kv_load16(const void *pool, 
             _mm256_loadu_si256((const __m256i *)((const uint16_t *)pool + i))), 16));
     return _mm512_loadu_ps((const float *)pool + i);
 }
+
+/* 8 elements from element index i (lanes 0-7) and 8 from j (lanes 8-15), widened to float32:
+ * the values of kv_load(i) and kv_load(j). */
+static inline __attribute__((always_inline)) __m512 kv_load_pair(const void *pool, int64_t i,
+                                                                 int64_t j, int kind) {
+    if (kind == KV_F32)
+        return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps((const float *)pool + i)),
+                                  _mm256_loadu_ps((const float *)pool + j), 1);
+    const uint16_t *h = (const uint16_t *)pool;
+    const __m256i both = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(h + i))),
+        _mm_loadu_si128((const __m128i *)(h + j)), 1);
+    if (kind == KV_F16) return _mm512_cvtph_ps(both);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(both), 16));
+}
 #endif
 
 /* Fetch the cache line of element i of a pool into L1 (see AHEAD). */
@@ -198,11 +213,13 @@ static inline __attribute__((always_inline)) void scores(
     for (int64_t p0 = 0; p0 < nmax; p0 += TILE) {
         for (int64_t p = p0 + AHEAD; p < p0 + AHEAD + TILE && p < nmax; p++)
             for (int64_t j = 0; j < hd; j += line) kv_prefetch(kp, off[p] + j, kind);
-        for (int t = 0; t < TILE; t++) {  /* the tile's keys widened into pairs (past nmax: the last) */
-            const int64_t k = off[p0 + t < nmax ? p0 + t : nmax - 1];
+        /* the tile's keys widened into pairs (positions past nmax: the last one) */
+        for (int pr = 0; pr < TILE / 2; pr++) {
+            const int64_t t0 = p0 + 2 * pr, t1 = t0 + 1;
+            const int64_t k0 = off[t0 < nmax ? t0 : nmax - 1], k1 = off[t1 < nmax ? t1 : nmax - 1];
             for (int64_t c = 0; c < chunks; c++)
-                _mm256_storeu_ps(kt + ((t / 2) * chunks + c) * 16 + (t % 2) * 8,
-                                 kv_load(kp, k + 8 * c, kind));
+                _mm512_storeu_ps(kt + (pr * chunks + c) * 16,
+                                 kv_load_pair(kp, k0 + 8 * c, k1 + 8 * c, kind));
         }
         for (int v0 = 0; v0 < nvec; v0 += QB) {
             const int nq = nvec - v0 < QB ? nvec - v0 : QB;
