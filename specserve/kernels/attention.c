@@ -48,7 +48,7 @@
  * prefetch was ever issued here before). */
 
 #if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
-#define AT_AVX512 1 /* two query heads (scores) or 16 columns (values) per register; each
+#define AT_AVX512 1 /* two keys (scores) or 16 columns (values) per register; each
                      * lane's arithmetic is the 8-lane build's, so the bits are the same */
 #else
 #define AT_AVX512 0
@@ -281,8 +281,7 @@ static inline __attribute__((always_inline)) void scores(
             const int valid = n[i] - p0 < TILE ? (int)(n[i] - p0) : TILE;
             const __m256 live = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
                                               _mm256_set1_ps((float)valid), _CMP_LT_OQ);
-            int g = 0;
-            for (; g < G; g++) {
+            for (int g = 0; g < G; g++) {
                 const int64_t idx = (int64_t)i * G + g;
                 const float *qg = qs + idx * hd;
                 __m256 acc[TILE];
