@@ -318,13 +318,14 @@ class LLMEngine:
         params = seq.params
         bonus = self.spec.config.bonus_token if self.spec else True
         fly = FlySettings.of(params) if prop.k >= 2 else None
-        if params.greedy and seq.tv_budget == 0.0 and fly is None and not needs_history(params):
-            return verify_greedy(drafts, logits, bonus)  # the logits' argmax: no one-hot rows
+        if params.greedy and seq.tv_budget == 0.0 and fly is None:
+            # the logits' own argmax where no penalty moves it: no one-hot [k + 1, vocab] rows
+            scores = logits if not needs_history(params) else processed_probs(
+                logits, params, seq.token_ids, seq.prompt_len, drafts)
+            return verify_greedy(drafts, scores, bonus)
         target_probs = processed_probs(logits, params, seq.token_ids, seq.prompt_len,
                                        drafts)  # [k + 1, vocab]
         shaped = params.tv_entropy_top_k is not None and seq.tv_budget > 0 and prop.k > 0
-        if params.greedy and seq.tv_budget == 0.0 and fly is None:
-            return verify_greedy(drafts, target_probs, bonus)
         gate = gate_distribution(logits, target_probs, params.greedy) if fly or shaped else None
         budget = (entropy_budgets(gate[:prop.k], seq.tv_budget, params.tv_entropy_top_k)
                   if shaped else seq.tv_budget)

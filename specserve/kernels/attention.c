@@ -104,6 +104,14 @@ static inline void kv_prefetch(const void *pool, int64_t i, int kind) {
     __asm__ volatile("prefetcht0 %0" : : "m"(*at));
 }
 
+/* Fetch every cache line of positions p..min(end, nmax) − 1 (element offsets off[p]). */
+static inline void kv_prefetch_span(const void *pool, const int64_t *off, int64_t p,
+                                    int64_t end, int64_t nmax, int64_t hd, int kind) {
+    const int64_t line = 64 / kv_size(kind);  /* elements per cache line */
+    for (; p < end && p < nmax; p++)
+        for (int64_t j = 0; j < hd; j += line) kv_prefetch(pool, off[p] + j, kind);
+}
+
 /* float32 → bfloat16, nearest even; NaN → the quiet NaN 0x7FC0 (as PyTorch rounds). */
 static inline uint16_t to_bf16(float f) {
     uint32_t u;
@@ -205,14 +213,12 @@ static inline __attribute__((always_inline)) void score_block(int nq, const floa
 static inline __attribute__((always_inline)) void scores(
     int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int64_t np, const float *qs,
     const void *kp, int kind, const int64_t *off, float *s, __m256 *vmax, float *kt) {
-    const int64_t line = 64 / kv_size(kind), chunks = hd / 8;
+    const int64_t chunks = hd / 8;
     const int nvec = m * G;
     for (int j = 0; j < nvec; j++) vmax[j] = _mm256_set1_ps(-INFINITY);
-    for (int64_t p = 0; p < AHEAD && p < nmax; p++)  /* the first tiles' keys */
-        for (int64_t j = 0; j < hd; j += line) kv_prefetch(kp, off[p] + j, kind);
+    kv_prefetch_span(kp, off, 0, AHEAD, nmax, hd, kind);  /* the first tiles' keys */
     for (int64_t p0 = 0; p0 < nmax; p0 += TILE) {
-        for (int64_t p = p0 + AHEAD; p < p0 + AHEAD + TILE && p < nmax; p++)
-            for (int64_t j = 0; j < hd; j += line) kv_prefetch(kp, off[p] + j, kind);
+        kv_prefetch_span(kp, off, p0 + AHEAD, p0 + AHEAD + TILE, nmax, hd, kind);
         /* the tile's keys widened into pairs (positions past nmax: the last one) */
         for (int pr = 0; pr < TILE / 2; pr++) {
             const int64_t t0 = p0 + 2 * pr, t1 = t0 + 1;
@@ -255,15 +261,12 @@ static inline __attribute__((always_inline)) void scores(
 static inline __attribute__((always_inline)) void scores(
     int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int64_t np, const float *qs,
     const void *kp, int kind, const int64_t *off, float *s, __m256 *vmax, float *kt) {
-    const int64_t line = 64 / kv_size(kind);  /* elements per cache line */
     for (int j = 0; j < m * G; j++) vmax[j] = _mm256_set1_ps(-INFINITY);
-    for (int64_t p = 0; p < AHEAD && p < nmax; p++)  /* the first tiles' keys */
-        for (int64_t j = 0; j < hd; j += line) kv_prefetch(kp, off[p] + j, kind);
+    kv_prefetch_span(kp, off, 0, AHEAD, nmax, hd, kind);  /* the first tiles' keys */
     for (int64_t p0 = 0; p0 < nmax; p0 += TILE) {
         int64_t k[TILE];  /* element index of each key of the tile */
         for (int t = 0; t < TILE; t++) k[t] = off[p0 + t < nmax ? p0 + t : nmax - 1];
-        for (int64_t p = p0 + AHEAD; p < p0 + AHEAD + TILE && p < nmax; p++)
-            for (int64_t j = 0; j < hd; j += line) kv_prefetch(kp, off[p] + j, kind);
+        kv_prefetch_span(kp, off, p0 + AHEAD, p0 + AHEAD + TILE, nmax, hd, kind);
         /* the tile's keys as float32 rows: a float32 pool's own, else widened once into kt
          * for all m·G query vectors instead of once per vector */
         const float *key[TILE];
@@ -375,16 +378,14 @@ static inline __attribute__((always_inline)) void values(
     int m, int G, int64_t hd, const int64_t *n, int64_t nmax, int64_t np, const float *w,
     const float *inv, const void *vp, int kind, const int64_t *off, float *const *out) {
     const int passes = (G + GROUP - 1) / GROUP, per = (G + passes - 1) / passes;
-    const int64_t line = 64 / kv_size(kind);  /* elements per cache line */
     /* the next tile's values are fetched into L1 a share per column chunk, not all at once */
     const int64_t share = (PTILE + (hd + 15) / 16 - 1) / ((hd + 15) / 16);
-    for (int64_t p = 0; p < PTILE && p < nmax; p++)  /* the first tile */
-        for (int64_t j = 0; j < hd; j += line) kv_prefetch(vp, off[p] + j, kind);
+    kv_prefetch_span(vp, off, 0, PTILE, nmax, hd, kind);  /* the first tile */
     for (int64_t p0 = 0; p0 < nmax; p0 += PTILE) {
         for (int64_t c = 0; c < hd; c += 16) {
-            const int64_t a0 = p0 + PTILE + c / 16 * share;
-            for (int64_t p = a0; p < a0 + share && p < p0 + 2 * PTILE && p < nmax; p++)
-                for (int64_t j = 0; j < hd; j += line) kv_prefetch(vp, off[p] + j, kind);
+            const int64_t a0 = p0 + PTILE + c / 16 * share, a1 = a0 + share;
+            kv_prefetch_span(vp, off, a0, a1 < p0 + 2 * PTILE ? a1 : p0 + 2 * PTILE, nmax, hd,
+                             kind);
             const int nv = hd - c >= 16 ? 2 : 1;
             for (int i = 0; i < m; i++) {
                 if (p0 >= n[i]) continue;
