@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from specserve.kernels import decoder
 from specserve.paths import cache_dir, untrusted
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,7 @@ def _load_qmatmul(name: str, source: Path = SOURCE) -> ctypes.CDLL | None:
     lib.q_isa.restype = c_int
     lib.f_matmul.argtypes = [p, i64, i64, p, c_int, p, i64, p]
     lib.f_matmul.restype = c_int
+    decoder.bind_matmul(lib)
     if lib.q_isa() != ISA_CODES[name]:
         raise RuntimeError(f"the {name} build of {source.name} reports instruction set "
                            f"{lib.q_isa()}")
@@ -195,12 +197,14 @@ def _load_attention(name: str) -> ctypes.CDLL | None:
     lib.rms_norm.restype = ctypes.c_int
     lib.silu_mul.argtypes = [p, i64, i64, p]
     lib.silu_mul.restype = ctypes.c_int
+    decoder.bind_glue(lib)
     return lib
 
 
 def attention(name: str | None = None) -> ctypes.CDLL | None:
-    """The ragged paged attention kernel (`attention.c`, `ragged_attention`) and the rest of a
-    decoder layer's per-row work (`rope_store_attend`, `rms_norm`, `silu_mul`), built for
+    """The ragged paged attention kernel (`attention.c`, `ragged_attention`), the rest of a
+    decoder layer's per-row work (`rope_store_attend`, `rms_norm`, `silu_mul`) and the whole
+    pass in one call (`decoder_pass`, see `kernels/decoder.py`), built for
     instruction set `name` (default: `isa()`; every build gives the same bits), or None where
     they cannot run here."""
     name = _resolve(name)

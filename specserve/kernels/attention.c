@@ -34,6 +34,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -414,128 +415,191 @@ static inline __attribute__((always_inline)) void values(
         }
 }
 
+/* Where each row of a pass reads and writes the cache: the pools' element kind and geometry,
+ * and each row's sequence and position (see ragged_attention). */
+typedef struct {
+    int64_t kv_kind, num_blocks, block_size;
+    const int32_t *block_tables;  /* [num_seqs, max_blocks] */
+    int64_t num_seqs, max_blocks;
+    const int32_t *row_seq, *row_pos;  /* [rows] */
+} kv_index_t;
+
+/* 0, or −3 if a row's sequence or position, or a block id its positions reach, is out of
+ * range; *max_n: the most positions a row attends to. */
+static int check_rows(const kv_index_t *ix, int64_t rows, int64_t *max_n) {
+    *max_n = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t s = ix->row_seq[r], pos = ix->row_pos[r];
+        if (s < 0 || s >= ix->num_seqs || pos < 0 || pos >= ix->max_blocks * ix->block_size)
+            return -3;
+        for (int64_t b = 0; b <= pos / ix->block_size; b++) {
+            const int64_t id = ix->block_tables[s * ix->max_blocks + b];
+            if (id < 0 || id >= ix->num_blocks) return -3;
+        }
+        if (pos + 1 > *max_n) *max_n = pos + 1;
+    }
+    return 0;
+}
+
+static int bad_shape(int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
+                     const kv_index_t *ix) {
+    return rows < 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads || hd <= 0 || hd % 8 ||
+           ix->block_size <= 0 || ix->num_blocks < 0 || ix->num_seqs < 0 || ix->max_blocks < 0 ||
+           ix->kv_kind < KV_F32 || ix->kv_kind > KV_BF16;
+}
+
+/* A pass's work items: up to ROWS consecutive rows of one sequence (they share its keys and
+ * values) × one KV head. first [groups + 1]: each group's first row. */
+typedef struct {
+    int64_t *first, groups, max_np;
+} items_t;
+
+static int make_items(const int32_t *row_seq, int64_t rows, int64_t max_n, items_t *it) {
+    it->first = malloc((size_t)(rows + 1) * sizeof(int64_t));
+    if (!it->first) return -1;
+    it->groups = 0;
+    for (int64_t r = 0; r < rows; r++)
+        if (r == 0 || row_seq[r] != row_seq[r - 1] || r - it->first[it->groups - 1] == ROWS)
+            it->first[it->groups++] = r;
+    it->first[it->groups] = rows;
+    it->max_np = (max_n + TILE - 1) / TILE * TILE;
+    return 0;
+}
+
+/* ragged_attention's work, called by every thread of an enclosing parallel region: each
+ * thread takes items (the longest first) from one orphaned `omp for` with scratch of its own.
+ * Returns 0, or 1 if this thread's scratch could not be allocated. */
+static int attend_team(const float *q, int64_t rows, int64_t heads, int64_t kv_heads,
+                       int64_t hd, const void *k_pool, const void *v_pool, const kv_index_t *ix,
+                       float scale, float *out, const items_t *its) {
+    (void)rows;
+    const int G = (int)(heads / kv_heads);
+    const int64_t max_np = its->max_np, items = its->groups * kv_heads;
+    const int kv_kind = (int)ix->kv_kind;
+    /* position offsets, scaled queries, scores, maxima, sums */
+    int64_t *off = malloc((size_t)max_np * sizeof(int64_t) + 8);
+    float *qs = aligned_alloc(64, ((size_t)(ROWS * G * hd) * sizeof(float) + 63) / 64 * 64);
+    float *s = aligned_alloc(64, ((size_t)(ROWS * G * max_np) * sizeof(float) + 63) / 64 * 64 + 64);
+    __m256 *vmax = aligned_alloc(64, (size_t)(ROWS * G) * sizeof(__m256));
+    float *inv = malloc((size_t)(ROWS * G) * sizeof(float));
+    float *kt = aligned_alloc(64, ((size_t)(TILE * hd) * sizeof(float) + 63) / 64 * 64);
+    const int ok = off && qs && s && vmax && inv && kt;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; it++) {
+        if (!ok) continue;
+        const int64_t grp = its->groups - 1 - it / kv_heads, h = it % kv_heads;
+        const int64_t r0 = its->first[grp];
+        const int m = (int)(its->first[grp + 1] - r0);
+        int64_t n[ROWS], nmax = 0;
+        float *o[ROWS];
+        for (int i = 0; i < m; i++) {
+            n[i] = (int64_t)ix->row_pos[r0 + i] + 1;
+            nmax = n[i] > nmax ? n[i] : nmax;
+            o[i] = out + ((r0 + i) * heads + h * G) * hd;
+            const float *qg = q + ((r0 + i) * heads + h * G) * hd;  /* [G, hd] */
+            for (int64_t j = 0; j < G * hd; j++) qs[i * G * hd + j] = qg[j] * scale;
+        }
+        const int64_t np = (nmax + TILE - 1) / TILE * TILE;
+        const int32_t *table = ix->block_tables + (int64_t)ix->row_seq[r0] * ix->max_blocks;
+        const int64_t bsz = ix->block_size;
+        for (int64_t p = 0, b = 0; p < nmax; b++) {
+            const int64_t base = ((int64_t)table[b] * kv_heads + h) * bsz * hd;
+            for (int64_t o = 0; o < bsz && p < nmax; o++, p++) off[p] = base + o * hd;
+        }
+        /* one inlined copy per element kind: a constant kind in each */
+        if (kv_kind == KV_F32) {
+            scores(m, G, hd, n, nmax, np, qs, k_pool, KV_F32, off, s, vmax, kt);
+            softmax(m, G, n, np, s, vmax, inv);
+            values(m, G, hd, n, nmax, np, s, inv, v_pool, KV_F32, off, o);
+        } else if (kv_kind == KV_F16) {
+            scores(m, G, hd, n, nmax, np, qs, k_pool, KV_F16, off, s, vmax, kt);
+            softmax(m, G, n, np, s, vmax, inv);
+            values(m, G, hd, n, nmax, np, s, inv, v_pool, KV_F16, off, o);
+        } else {
+            scores(m, G, hd, n, nmax, np, qs, k_pool, KV_BF16, off, s, vmax, kt);
+            softmax(m, G, n, np, s, vmax, inv);
+            values(m, G, hd, n, nmax, np, s, inv, v_pool, KV_BF16, off, o);
+        }
+    }
+    free(off), free(qs), free(s), free(vmax), free(inv), free(kt);
+    return !ok;
+}
+
 /* out [rows, heads, hd] = causal attention of q [rows, heads, hd] on each row's sequence in
  * k_pool/v_pool [num_blocks, kv_heads, block_size, hd] (elements of kind kv_kind) through
  * block_tables [num_seqs, max_blocks] (int32), row_seq [rows] and row_pos [rows] (int32). hd a
  * multiple of 8. Returns 0, −1 when out of memory, −2 on bad sizes or kind, −3 on a sequence,
  * position or block id out of range (checked before anything is computed).
  *
- * Work items: up to ROWS consecutive rows of one sequence (they share its keys and values)
- * × one KV head, the longest first. How rows fall into items changes only which loads are
- * shared, never a row's arithmetic. */
+ * How rows fall into work items (`make_items`) changes only which loads are shared, never a
+ * row's arithmetic. */
 int ragged_attention(const float *q, int64_t rows, int64_t heads, int64_t kv_heads, int64_t hd,
                      const void *k_pool, const void *v_pool, int64_t kv_kind, int64_t num_blocks,
                      int64_t block_size, const int32_t *block_tables, int64_t num_seqs,
                      int64_t max_blocks, const int32_t *row_seq, const int32_t *row_pos,
                      float scale, float *out) {
-    if (rows < 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads || hd <= 0 || hd % 8 ||
-        block_size <= 0 || num_blocks < 0 || num_seqs < 0 || max_blocks < 0 ||
-        kv_kind < KV_F32 || kv_kind > KV_BF16)
-        return -2;
-    int64_t max_n = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t s = row_seq[r], pos = row_pos[r];
-        if (s < 0 || s >= num_seqs || pos < 0 || pos >= max_blocks * block_size) return -3;
-        for (int64_t b = 0; b <= pos / block_size; b++) {
-            const int64_t id = block_tables[s * max_blocks + b];
-            if (id < 0 || id >= num_blocks) return -3;
-        }
-        if (pos + 1 > max_n) max_n = pos + 1;
-    }
+    const kv_index_t ix = {kv_kind, num_blocks, block_size, block_tables, num_seqs, max_blocks,
+                           row_seq, row_pos};
+    if (bad_shape(rows, heads, kv_heads, hd, &ix)) return -2;
+    int64_t max_n;
+    if (check_rows(&ix, rows, &max_n)) return -3;
     if (rows == 0) return 0;
-    int64_t *first = malloc((size_t)(rows + 1) * sizeof(int64_t));  /* groups' first rows */
-    if (!first) return -1;
-    int64_t groups = 0;
-    for (int64_t r = 0; r < rows; r++)
-        if (r == 0 || row_seq[r] != row_seq[r - 1] || r - first[groups - 1] == ROWS)
-            first[groups++] = r;
-    first[groups] = rows;
-    const int G = (int)(heads / kv_heads);
-    const int64_t max_np = (max_n + TILE - 1) / TILE * TILE, items = groups * kv_heads;
+    items_t its;
+    if (make_items(row_seq, rows, max_n, &its)) return -1;
     int failed = 0;
 #pragma omp parallel
     {
-        /* one scratch per thread: position offsets, scaled queries, scores, maxima, sums */
-        int64_t *off = malloc((size_t)max_np * sizeof(int64_t));
-        float *qs = aligned_alloc(64, ((size_t)(ROWS * G * hd) * sizeof(float) + 63) / 64 * 64);
-        float *s = aligned_alloc(64, ((size_t)(ROWS * G * max_np) * sizeof(float) + 63) / 64 * 64);
-        __m256 *vmax = aligned_alloc(64, (size_t)(ROWS * G) * sizeof(__m256));
-        float *inv = malloc((size_t)(ROWS * G) * sizeof(float));
-        float *kt = aligned_alloc(64, ((size_t)(TILE * hd) * sizeof(float) + 63) / 64 * 64);
-        const int ok = off && qs && s && vmax && inv && kt;
-        if (!ok) {
+        if (attend_team(q, rows, heads, kv_heads, hd, k_pool, v_pool, &ix, scale, out, &its)) {
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; it++) {
-            if (!ok) continue;
-            const int64_t grp = groups - 1 - it / kv_heads, h = it % kv_heads;
-            const int64_t r0 = first[grp];
-            const int m = (int)(first[grp + 1] - r0);
-            int64_t n[ROWS], nmax = 0;
-            float *o[ROWS];
-            for (int i = 0; i < m; i++) {
-                n[i] = (int64_t)row_pos[r0 + i] + 1;
-                nmax = n[i] > nmax ? n[i] : nmax;
-                o[i] = out + ((r0 + i) * heads + h * G) * hd;
-                const float *qg = q + ((r0 + i) * heads + h * G) * hd;  /* [G, hd] */
-                for (int64_t j = 0; j < G * hd; j++) qs[i * G * hd + j] = qg[j] * scale;
-            }
-            const int64_t np = (nmax + TILE - 1) / TILE * TILE;
-            const int32_t *table = block_tables + (int64_t)row_seq[r0] * max_blocks;
-            for (int64_t p = 0, b = 0; p < nmax; b++) {
-                const int64_t base = ((int64_t)table[b] * kv_heads + h) * block_size * hd;
-                for (int64_t o = 0; o < block_size && p < nmax; o++, p++) off[p] = base + o * hd;
-            }
-            /* one inlined copy per element kind: a constant kind in each */
-            if (kv_kind == KV_F32) {
-                scores(m, G, hd, n, nmax, np, qs, k_pool, KV_F32, off, s, vmax, kt);
-                softmax(m, G, n, np, s, vmax, inv);
-                values(m, G, hd, n, nmax, np, s, inv, v_pool, KV_F32, off, o);
-            } else if (kv_kind == KV_F16) {
-                scores(m, G, hd, n, nmax, np, qs, k_pool, KV_F16, off, s, vmax, kt);
-                softmax(m, G, n, np, s, vmax, inv);
-                values(m, G, hd, n, nmax, np, s, inv, v_pool, KV_F16, off, o);
-            } else {
-                scores(m, G, hd, n, nmax, np, qs, k_pool, KV_BF16, off, s, vmax, kt);
-                softmax(m, G, n, np, s, vmax, inv);
-                values(m, G, hd, n, nmax, np, s, inv, v_pool, KV_BF16, off, o);
-            }
-        }
-        free(off), free(qs), free(s), free(vmax), free(inv), free(kt);
     }
-    free(first);
+    free(its.first);
     return failed ? -1 : 0;
 }
 
 /* ---- the rest of a decoder layer's per-row work (models/transformer.py's native path) ----
- * Each row is computed on its own in a fixed order, so these keep batch invariance too. */
+ * Each row is computed on its own in a fixed order, so these keep batch invariance too. The
+ * `_team` functions are called by every thread of an enclosing parallel region and share
+ * their rows out in one orphaned `omp for` (ending at a barrier). */
 
-/* out [rows, dim] = w ⊙ (x · 1/√(mean(x²) + eps)) (RMSNorm), x, w, out float32: the squares
- * summed in 8 lanes by FMA, one fixed horizontal sum. out may be x. */
+/* o [dim] = w ⊙ (x · 1/√(mean(x²) + eps)) (RMSNorm): the squares summed in 8 lanes by FMA,
+ * one fixed horizontal sum. o may be x. */
+static inline void rms_row(const float *xr, int64_t dim, const float *w, float eps, float *o) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= dim; i += 8) {
+        const __m256 v = _mm256_loadu_ps(xr + i);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    float sum = hsum(acc);
+    for (; i < dim; i++) sum += xr[i] * xr[i];
+    const float inv = 1.0f / sqrtf(sum / (float)dim + eps);
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (i = 0; i + 8 <= dim; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(w + i),
+                                              _mm256_mul_ps(_mm256_loadu_ps(xr + i), vi)));
+    for (; i < dim; i++) o[i] = w[i] * (xr[i] * inv);
+}
+
+/* out [rows, dim] = RMSNorm of x [rows, dim] with weight w; out may be x. */
 int rms_norm(const float *x, int64_t rows, int64_t dim, const float *w, float eps, float *out) {
     if (rows < 0 || dim <= 0) return -2;
 #pragma omp parallel for schedule(static) if (rows >= 32)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * dim;
-        float *o = out + r * dim;
-        __m256 acc = _mm256_setzero_ps();
-        int64_t i = 0;
-        for (; i + 8 <= dim; i += 8) {
-            const __m256 v = _mm256_loadu_ps(xr + i);
-            acc = _mm256_fmadd_ps(v, v, acc);
-        }
-        float sum = hsum(acc);
-        for (; i < dim; i++) sum += xr[i] * xr[i];
-        const float inv = 1.0f / sqrtf(sum / (float)dim + eps);
-        const __m256 vi = _mm256_set1_ps(inv);
-        for (i = 0; i + 8 <= dim; i += 8)
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(w + i),
-                                                  _mm256_mul_ps(_mm256_loadu_ps(xr + i), vi)));
-        for (; i < dim; i++) o[i] = w[i] * (xr[i] * inv);
-    }
+    for (int64_t r = 0; r < rows; r++) rms_row(x + r * dim, dim, w, eps, out + r * dim);
     return 0;
+}
+
+/* x [rows, dim] += add (when not NULL), then out = RMSNorm of x with weight w. */
+static void add_norm_team(float *x, const float *add, int64_t rows, int64_t dim, const float *w,
+                          float eps, float *out) {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float *xr = x + r * dim;
+        if (add)
+            for (int64_t i = 0; i < dim; i++) xr[i] += add[r * dim + i];
+        rms_row(xr, dim, w, eps, out + r * dim);
+    }
 }
 
 /* Rotary embedding of one head vector (rotate-half layout), as PyTorch's
@@ -551,6 +615,41 @@ static inline void rope_head(const float *x, const float *cos, const float *sin,
     }
 }
 
+/* The rotary embedding of q and k of qkv [rows, (heads + 2·kv_heads)·hd] with cos/sin
+ * [rows, hd]: the queries into q [rows, heads, hd], k and v stored at each row's position
+ * (krot [rows, hd]: room for a rotated key on its way into a narrow pool). */
+static void rope_store_team(const float *qkv, int64_t rows, int64_t heads, int64_t kv_heads,
+                            int64_t hd, const float *cos, const float *sin, void *k_pool,
+                            void *v_pool, const kv_index_t *ix, float *q, float *krot) {
+    const int64_t width = (heads + 2 * kv_heads) * hd, bsz = ix->block_size;
+    const int kind = (int)ix->kv_kind;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *src = qkv + r * width, *c = cos + r * hd, *sn = sin + r * hd;
+        for (int64_t h = 0; h < heads; h++) rope_head(src + h * hd, c, sn, hd, q + (r * heads + h) * hd);
+        const int64_t pos = ix->row_pos[r];
+        const int64_t id = ix->block_tables[(int64_t)ix->row_seq[r] * ix->max_blocks + pos / bsz];
+        for (int64_t h = 0; h < kv_heads; h++) {
+            const int64_t at = ((id * kv_heads + h) * bsz + pos % bsz) * hd;
+            const float *v = src + (heads + kv_heads + h) * hd;
+            if (kind == KV_F32) {  /* rotate straight into the pool */
+                rope_head(src + (heads + h) * hd, c, sn, hd, (float *)k_pool + at);
+                memcpy((float *)v_pool + at, v, (size_t)hd * sizeof(float));
+            } else {
+                rope_head(src + (heads + h) * hd, c, sn, hd, krot + r * hd);
+                kv_store(k_pool, at, krot + r * hd, hd, kind);
+                kv_store(v_pool, at, v, hd, kind);
+            }
+        }
+    }
+}
+
+/* Room for rope_store_team's rotated queries [rows, heads, hd] and keys [rows, hd]. */
+static float *rope_buffer(int64_t rows, int64_t heads, int64_t hd) {
+    return aligned_alloc(64, ((size_t)((rows * heads + rows) * hd) * sizeof(float) + 63) / 64 * 64
+                                 + 64);
+}
+
 /* One attention block of a pass: qkv [rows, (heads + 2·kv_heads)·hd] (per row: q heads, then
  * k heads, then v heads) → rotary embedding of q and k with cos/sin [rows, hd], k and v stored
  * at each row's position in k_pool/v_pool (as `ragged_attention` addresses them; rounded to
@@ -562,75 +661,183 @@ int rope_store_attend(const float *qkv, int64_t rows, int64_t heads, int64_t kv_
                       void *v_pool, int64_t kv_kind, int64_t num_blocks, int64_t block_size,
                       const int32_t *block_tables, int64_t num_seqs, int64_t max_blocks,
                       const int32_t *row_seq, const int32_t *row_pos, float scale, float *out) {
-    if (rows < 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads || hd <= 0 || hd % 8 ||
-        block_size <= 0 || num_blocks < 0 || num_seqs < 0 || max_blocks < 0 ||
-        kv_kind < KV_F32 || kv_kind > KV_BF16)
-        return -2;
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t s = row_seq[r], pos = row_pos[r];
-        if (s < 0 || s >= num_seqs || pos < 0 || pos >= max_blocks * block_size) return -3;
-        const int64_t id = block_tables[s * max_blocks + pos / block_size];
-        if (id < 0 || id >= num_blocks) return -3;
+    const kv_index_t ix = {kv_kind, num_blocks, block_size, block_tables, num_seqs, max_blocks,
+                           row_seq, row_pos};
+    if (bad_shape(rows, heads, kv_heads, hd, &ix)) return -2;
+    int64_t max_n;
+    if (check_rows(&ix, rows, &max_n)) return -3;
+    if (rows == 0) return 0;
+    float *q = rope_buffer(rows, heads, hd);
+    items_t its = {NULL, 0, 0};
+    if (!q || make_items(row_seq, rows, max_n, &its)) {
+        free(q);
+        return -1;
     }
-    const int64_t width = (heads + 2 * kv_heads) * hd;
-    /* the rotated queries, then (past rows·heads·hd) one rotated key per row for narrow pools */
-    float *q = aligned_alloc(64, ((size_t)((rows * heads + rows) * hd) * sizeof(float) + 63) / 64
-                                     * 64 + 64);
-    if (!q) return -1;
-    float *krot = q + rows * heads * hd;
-#pragma omp parallel for schedule(static) if (rows >= 16)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *src = qkv + r * width, *c = cos + r * hd, *sn = sin + r * hd;
-        for (int64_t h = 0; h < heads; h++) rope_head(src + h * hd, c, sn, hd, q + (r * heads + h) * hd);
-        const int64_t pos = row_pos[r];
-        const int64_t id = block_tables[(int64_t)row_seq[r] * max_blocks + pos / block_size];
-        for (int64_t h = 0; h < kv_heads; h++) {
-            const int64_t at = ((id * kv_heads + h) * block_size + pos % block_size) * hd;
-            const float *v = src + (heads + kv_heads + h) * hd;
-            if (kv_kind == KV_F32) {  /* rotate straight into the pool */
-                rope_head(src + (heads + h) * hd, c, sn, hd, (float *)k_pool + at);
-                memcpy((float *)v_pool + at, v, (size_t)hd * sizeof(float));
-            } else {
-                rope_head(src + (heads + h) * hd, c, sn, hd, krot + r * hd);
-                kv_store(k_pool, at, krot + r * hd, hd, (int)kv_kind);
-                kv_store(v_pool, at, v, hd, (int)kv_kind);
-            }
+    int failed = 0;
+#pragma omp parallel
+    {
+        rope_store_team(qkv, rows, heads, kv_heads, hd, cos, sin, k_pool, v_pool, &ix, q,
+                        q + rows * heads * hd);
+        if (attend_team(q, rows, heads, kv_heads, hd, k_pool, v_pool, &ix, scale, out, &its)) {
+#pragma omp atomic write
+            failed = 1;
         }
     }
-    const int rc = ragged_attention(q, rows, heads, kv_heads, hd, k_pool, v_pool, kv_kind,
-                                    num_blocks, block_size, block_tables, num_seqs, max_blocks,
-                                    row_seq, row_pos, scale, out);
-    free(q);
-    return rc;
+    free(q), free(its.first);
+    return failed ? -1 : 0;
 }
 
 /* out [rows, inter] = silu(g)·u for gu [rows, 2·inter] (per row: g, then u), silu(x) =
- * x / (1 + e^−x) through t = e^−|x| (exp_nonpos): x / (1 + t) for x ≥ 0, x·t / (1 + t) below. */
+ * x / (1 + e^−x) through t = e^−|x| (exp_nonpos): x / (1 + t) for x ≥ 0, x·t / (1 + t) below.
+ * Elementwise: how the work is split never changes a bit. */
 #define SILU_CHUNK 2048 /* elements of a row per work item (a multiple of 8) */
+static void silu_item(const float *gu, int64_t inter, int64_t chunks, int64_t item, float *out) {
+    const int64_t r = item / chunks, lo = item % chunks * SILU_CHUNK;
+    const int64_t hi = lo + SILU_CHUNK < inter ? lo + SILU_CHUNK : inter;
+    const float *g = gu + r * 2 * inter, *u = g + inter;
+    float *o = out + r * inter;
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    int64_t i = lo;
+    for (; i + 8 <= hi; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 t = exp_nonpos(_mm256_or_ps(x, sign));  /* e^−|x| */
+        const __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+        const __m256 num = _mm256_blendv_ps(x, _mm256_mul_ps(x, t), neg);
+        const __m256 silu = _mm256_div_ps(num, _mm256_add_ps(one, t));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < hi; i++) {
+        const float x = g[i], t = expf(-fabsf(x));
+        o[i] = (x < 0.0f ? x * t : x) / (1.0f + t) * u[i];
+    }
+}
+
 int silu_mul(const float *gu, int64_t rows, int64_t inter, float *out) {
     if (rows < 0 || inter <= 0) return -2;
     const int64_t chunks = (inter + SILU_CHUNK - 1) / SILU_CHUNK;
-    /* elementwise: how the work is split never changes a bit */
 #pragma omp parallel for schedule(static) if (rows * inter >= 4 * SILU_CHUNK)
-    for (int64_t item = 0; item < rows * chunks; item++) {
-        const int64_t r = item / chunks, lo = item % chunks * SILU_CHUNK;
-        const int64_t hi = lo + SILU_CHUNK < inter ? lo + SILU_CHUNK : inter;
-        const float *g = gu + r * 2 * inter, *u = g + inter;
-        float *o = out + r * inter;
-        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-        int64_t i = lo;
-        for (; i + 8 <= hi; i += 8) {
-            const __m256 x = _mm256_loadu_ps(g + i);
-            const __m256 t = exp_nonpos(_mm256_or_ps(x, sign));  /* e^−|x| */
-            const __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
-            const __m256 num = _mm256_blendv_ps(x, _mm256_mul_ps(x, t), neg);
-            const __m256 silu = _mm256_div_ps(num, _mm256_add_ps(one, t));
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+    for (int64_t item = 0; item < rows * chunks; item++) silu_item(gu, inter, chunks, item, out);
+    return 0;
+}
+
+/* ---- a whole decoder pass in one call ----
+ * `decoder_pass` runs every layer of a pass (RMSNorm → q/k/v → [per-head q/k norms] →
+ * rotary embedding, cache write, attention → o → residual → RMSNorm → gate/up → SiLU·up →
+ * down → residual) and the final norm inside one parallel region: no return to Python and no
+ * new thread team between the steps, only the barriers that end each shared loop. Each step
+ * is the function the per-call path runs (`rms_norm`, `rope_store_attend`, `silu_mul` here,
+ * the matmul library's projections through `proj`), so every row gets the same bits as there.
+ * The projections live in the matmul library (qmatmul.c): `proj` is its `proj_team` and each
+ * layer's projections are its `proj_t`s, opaque here. */
+
+typedef struct {
+    const float *attn_norm, *q_norm, *k_norm, *mlp_norm;  /* [hidden], [hd] | NULL ×2, [hidden] */
+    const void *qkv, *o, *gate_up, *down;  /* the matmul library's proj_t */
+} layer_t;
+
+typedef struct {  /* a model's shapes and constants */
+    int64_t hidden, heads, kv_heads, hd, inter;
+    float eps, scale;
+} dims_t;
+
+typedef struct {  /* a pass's float32 work buffers */
+    float *h;     /* [rows, hidden] */
+    float *qkv;   /* [rows, (heads + 2·kv_heads)·hd] */
+    float *attn;  /* [rows, heads·hd] */
+    float *gu;    /* [rows, 2·inter] */
+    float *act;   /* [rows, inter] */
+    float *proj;  /* [rows, hidden] */
+} buffers_t;
+
+typedef int (*proj_fn)(const void *p, const float *x, int64_t rows, float *y);
+
+/* Per-head RMSNorm (qwen3, gemma3) of the query and key heads of qkv, in place. */
+static void head_norms_team(float *qkv, int64_t rows, const dims_t *d, const float *q_norm,
+                            const float *k_norm) {
+    const int64_t hd = d->hd, width = (d->heads + 2 * d->kv_heads) * hd;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = qkv + r * width;
+        for (int64_t h = 0; h < d->heads; h++) rms_row(row + h * hd, hd, q_norm, d->eps, row + h * hd);
+        for (int64_t h = d->heads; h < d->heads + d->kv_heads; h++)
+            rms_row(row + h * hd, hd, k_norm, d->eps, row + h * hd);
+    }
+}
+
+/* The steps of a pass, as `decoder_pass` profiles them. */
+enum { ST_NORM, ST_QKV, ST_ROPE, ST_ATTEND, ST_O, ST_GATE_UP, ST_SILU, ST_DOWN, NUM_STEPS };
+
+/* x [rows, hidden] (the embeddings; left as the last residual stream) → out [rows, hidden]:
+ * the final norm's output, through `num_layers` layers whose keys and values go to the pools
+ * at keys/values + layer · layer_bytes. `profile` [NUM_STEPS] or NULL: seconds spent in each
+ * kind of step, added (as the first thread sees them, each step ending at its barrier; the
+ * per-head norms count with ST_ROPE, the residual adds with ST_NORM). Returns 0, −1 when out
+ * of memory, −2 on bad shapes, −3 on an index out of range (checked before anything is
+ * written). */
+int decoder_pass(proj_fn proj, const layer_t *layers, int64_t num_layers, const dims_t *d,
+                 float *x, int64_t rows, const float *cos, const float *sin, void *keys,
+                 void *values, int64_t layer_bytes, const kv_index_t *ix, const buffers_t *buf,
+                 const float *final_norm, float *out, double *profile) {
+    if (bad_shape(rows, d->heads, d->kv_heads, d->hd, ix) || d->hidden <= 0 || d->inter <= 0 ||
+        num_layers < 0 || layer_bytes < 0)
+        return -2;
+    int64_t max_n;
+    if (check_rows(ix, rows, &max_n)) return -3;
+    if (rows == 0) return 0;
+    float *q = rope_buffer(rows, d->heads, d->hd);
+    items_t its = {NULL, 0, 0};
+    if (!q || make_items(ix->row_seq, rows, max_n, &its)) {
+        free(q);
+        return -1;
+    }
+    const int64_t chunks = (d->inter + SILU_CHUNK - 1) / SILU_CHUNK;
+    int failed = 0;
+#pragma omp parallel
+    {
+        int f = 0;
+        const int timing = profile && omp_get_thread_num() == 0;
+        double t = timing ? omp_get_wtime() : 0.0;
+#define STEP_DONE(step)                            \
+        if (timing) {                              \
+            const double now = omp_get_wtime();    \
+            profile[step] += now - t;              \
+            t = now;                               \
         }
-        for (; i < hi; i++) {
-            const float x = g[i], t = expf(-fabsf(x));
-            o[i] = (x < 0.0f ? x * t : x) / (1.0f + t) * u[i];
+        for (int64_t l = 0; l < num_layers; l++) {
+            const layer_t *L = layers + l;
+            char *kp = (char *)keys + l * layer_bytes, *vp = (char *)values + l * layer_bytes;
+            add_norm_team(x, l ? buf->proj : NULL, rows, d->hidden, L->attn_norm, d->eps, buf->h);
+            STEP_DONE(ST_NORM)
+            f |= proj(L->qkv, buf->h, rows, buf->qkv);
+            STEP_DONE(ST_QKV)
+            if (L->q_norm) head_norms_team(buf->qkv, rows, d, L->q_norm, L->k_norm);
+            rope_store_team(buf->qkv, rows, d->heads, d->kv_heads, d->hd, cos, sin, kp, vp, ix, q,
+                            q + rows * d->heads * d->hd);
+            STEP_DONE(ST_ROPE)
+            f |= attend_team(q, rows, d->heads, d->kv_heads, d->hd, kp, vp, ix, d->scale,
+                             buf->attn, &its);
+            STEP_DONE(ST_ATTEND)
+            f |= proj(L->o, buf->attn, rows, buf->proj);
+            STEP_DONE(ST_O)
+            add_norm_team(x, buf->proj, rows, d->hidden, L->mlp_norm, d->eps, buf->h);
+            STEP_DONE(ST_NORM)
+            f |= proj(L->gate_up, buf->h, rows, buf->gu);
+            STEP_DONE(ST_GATE_UP)
+#pragma omp for schedule(static)
+            for (int64_t item = 0; item < rows * chunks; item++)
+                silu_item(buf->gu, d->inter, chunks, item, buf->act);
+            STEP_DONE(ST_SILU)
+            f |= proj(L->down, buf->act, rows, buf->proj);
+            STEP_DONE(ST_DOWN)
+        }
+        add_norm_team(x, num_layers ? buf->proj : NULL, rows, d->hidden, final_norm, d->eps, out);
+        STEP_DONE(ST_NORM)
+#undef STEP_DONE
+        if (f) {
+#pragma omp atomic write
+            failed = 1;
         }
     }
-    return 0;
+    free(q), free(its.first);
+    return failed ? -1 : 0;
 }

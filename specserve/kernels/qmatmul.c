@@ -11,6 +11,10 @@
  * one fixed order, each row in its own accumulators, and the loops only decide which rows
  * share a weight load. Both builds give bit-identical results too (see "Arithmetic" below).
  *
+ * Entry points: `q_matmul` and `f_matmul` each run one call in a parallel region of their own;
+ * `proj_team` runs either inside a region its caller opened (attention.c's `decoder_pass`, a
+ * whole decoder pass in one region), through the same code, so with the same bits.
+ *
  * Activations are quantized on the fly per row, to int8 (−127..127) with one float scale per
  * super-block of `sb` inputs (`da`; sb = 64, 128 or 256, k a multiple of sb), and each block of
  * 32 inputs' integer sum (`bs`).
@@ -652,6 +656,78 @@ static int matmul8(const uint8_t *qs, const int16_t *sc16, const float *dsup, in
     return failed;
 }
 
+/* The quantized activations of one call, shared by the threads of its team. */
+typedef struct {
+    int8_t *qa, *qu;  /* [rows, k]: int8; + 128 (8-bit prefill tiles only, else NULL) */
+    float *da, *dat;  /* [rows, ns]; transposed [ns, stride] (8 bits only, else NULL) */
+    int32_t *bs;      /* [rows, nb] */
+    int64_t stride;
+    int no_memory;
+} act_t;
+
+static act_t act_alloc(int lanes, int tiles8, int64_t rows, int64_t k, int64_t ns, int64_t nb) {
+    act_t a;
+    const size_t act_bytes = ((size_t)(rows * k) + 63) / 64 * 64 + 64;
+    a.qa = aligned_alloc(64, act_bytes);
+    a.qu = tiles8 ? aligned_alloc(64, act_bytes) : NULL;
+    a.da = malloc(sizeof(float) * (size_t)(rows * ns + 1));
+    a.bs = malloc(sizeof(int32_t) * (size_t)(rows * nb + 1));
+    a.stride = (rows + 7) / 8 * 8 + 8;  /* rows of dat, padded: 8 lanes read */
+    a.dat = lanes ? NULL : calloc((size_t)(ns * a.stride), sizeof(float));
+    a.no_memory = !a.qa || !a.da || !a.bs || (!lanes && !a.dat) || (tiles8 && !a.qu);
+    return a;
+}
+
+static void act_free(act_t *a) { free(a->qa), free(a->qu), free(a->da), free(a->bs), free(a->dat); }
+
+static int q_args_bad(int bits, int64_t rows, int64_t k, int64_t sb, const uint8_t *qh,
+                      const void *mins, const float *dmin, int64_t n, int path) {
+    const int lanes = bits == 4 || bits == 6;
+    return (!lanes && bits != 8) || sb % (2 * QK) || sb > 8 * QK || sb <= 0 || k % sb ||
+           path < 0 || path > 2 || rows < 0 || n < 0 || (bits == 6) != (qh != NULL) ||
+           lanes != (mins != NULL) || lanes != (dmin != NULL);
+}
+
+/* q_matmul's work, called by every thread of an enclosing parallel region (its loops are
+ * orphaned `omp for`s that share the work out, each ending at a barrier); the activations'
+ * buffers are allocated once for the team. Arguments already checked. Returns 0, or 1 when
+ * out of memory (the same on every thread, but for the 8-bit tiles' own buffers). */
+static int q_matmul_team(int bits, const float *x, int64_t rows, int64_t k, int64_t sb,
+                         const uint8_t *qs, const uint8_t *qh, const void *sc, const float *dsup,
+                         const void *mins, const float *dmin, int64_t n, float *y, int path) {
+    const int lanes = bits == 4 || bits == 6;
+    const int64_t nb = k / QK, ns = k / sb;
+    if (path == 0) path = rows >= PREFILL_ROWS ? 2 : 1;
+    const int tiles8 = QM_AVX512 && !lanes && path == 2;
+    act_t a;
+#pragma omp single copyprivate(a)
+    a = act_alloc(lanes, tiles8, rows, k, ns, nb);
+    int failed = a.no_memory;
+    if (!a.no_memory) {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            quantize_row(x + r * k, k, sb, a.qa + r * k, a.da + r * ns, a.bs + r * nb);
+            if (a.dat)
+                for (int64_t j = 0; j < ns; j++) a.dat[j * a.stride + r] = a.da[r * ns + j];
+            if (a.qu)  /* the activations + 128, unsigned, for vpdpbusd against signed weights */
+                for (int64_t i = 0; i < k; i++) a.qu[r * k + i] = (int8_t)(a.qa[r * k + i] ^ 0x80);
+        }
+        if (lanes) {
+            const int64_t tiles = (n + TILE - 1) / TILE;
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < tiles; t++)
+                lanes_tile(bits, qs, qh, (const uint8_t *)sc, (const int8_t *)mins, dsup, dmin, k,
+                           sb, a.qa, a.da, a.bs, rows, n, t, y);
+        } else {
+            failed = matmul8(qs, (const int16_t *)sc, dsup, k, sb, a.qa, a.qu, a.da, a.dat,
+                             a.stride, rows, n, y, path);
+        }
+    }
+#pragma omp single nowait  /* every thread is past the last loop's barrier */
+    act_free(&a);
+    return failed;
+}
+
 /* y [rows, n] = x [rows, k] · Wᵀ with `bits`-bit weights (layouts above). 4 and 6 bits: sc
  * uint8, mins int8 and dmin given (qh: 6 bits only, else NULL); 8 bits: sc int16, mins, dmin
  * and qh NULL. `path` (8 bits): 1 walks the outputs one by one, each over all rows (decode,
@@ -661,48 +737,15 @@ static int matmul8(const uint8_t *qs, const int16_t *sc16, const float *dsup, in
 int q_matmul(int bits, const float *x, int64_t rows, int64_t k, int64_t sb, const uint8_t *qs,
              const uint8_t *qh, const void *sc, const float *dsup, const void *mins,
              const float *dmin, int64_t n, float *y, int path) {
-    const int lanes = bits == 4 || bits == 6;
-    if ((!lanes && bits != 8) || sb % (2 * QK) || sb > 8 * QK || sb <= 0 || k % sb ||
-        path < 0 || path > 2 || rows < 0 || n < 0 || (bits == 6) != (qh != NULL) ||
-        lanes != (mins != NULL) || lanes != (dmin != NULL))
-        return -2;
-    const int64_t nb = k / QK, ns = k / sb;
-    if (path == 0) path = rows >= PREFILL_ROWS ? 2 : 1;
-    const size_t act_bytes = ((size_t)(rows * k) + 63) / 64 * 64 + 64;
-    const int tiles8 = QM_AVX512 && !lanes && path == 2;
-    int8_t *qa = aligned_alloc(64, act_bytes);
-    int8_t *qu = tiles8 ? aligned_alloc(64, act_bytes) : NULL;
-    float *da = malloc(sizeof(float) * (size_t)(rows * ns + 1));
-    int32_t *bs = malloc(sizeof(int32_t) * (size_t)(rows * nb + 1));
-    const int64_t stride = (rows + 7) / 8 * 8 + 8;  /* rows of dat, padded: 8 lanes read */
-    float *dat = lanes ? NULL : calloc((size_t)(ns * stride), sizeof(float));
-    const int no_memory = !qa || !da || !bs || (!lanes && !dat) || (tiles8 && !qu);
-    int failed = no_memory;
-#pragma omp parallel if (!no_memory)
+    if (q_args_bad(bits, rows, k, sb, qh, mins, dmin, n, path)) return -2;
+    int failed = 0;
+#pragma omp parallel
     {
-        if (!no_memory) {
-#pragma omp for schedule(static)
-            for (int64_t r = 0; r < rows; r++) {
-                quantize_row(x + r * k, k, sb, qa + r * k, da + r * ns, bs + r * nb);
-                if (dat)
-                    for (int64_t j = 0; j < ns; j++) dat[j * stride + r] = da[r * ns + j];
-                if (qu)  /* the activations + 128, unsigned, for vpdpbusd against signed weights */
-                    for (int64_t i = 0; i < k; i++) qu[r * k + i] = (int8_t)(qa[r * k + i] ^ 0x80);
-            }
-            if (lanes) {
-                const int64_t tiles = (n + TILE - 1) / TILE;
-#pragma omp for schedule(static)
-                for (int64_t t = 0; t < tiles; t++)
-                    lanes_tile(bits, qs, qh, (const uint8_t *)sc, (const int8_t *)mins, dsup,
-                               dmin, k, sb, qa, da, bs, rows, n, t, y);
-            } else if (matmul8(qs, (const int16_t *)sc, dsup, k, sb, qa, qu, da, dat, stride,
-                               rows, n, y, path)) {
+        if (q_matmul_team(bits, x, rows, k, sb, qs, qh, sc, dsup, mins, dmin, n, y, path)) {
 #pragma omp atomic write
-                failed = 1;
-            }
+            failed = 1;
         }
     }
-    free(qa), free(qu), free(da), free(bs), free(dat);
     return failed ? -1 : 0;
 }
 
@@ -798,13 +841,12 @@ static void f_rows(const float *x, int64_t k, int nr, const void *w0, int bf16, 
     }
 }
 
-/* y [rows, n] = x [rows, k] · Wᵀ (+ bias [n]), W [n, k] float32 (bf16 = 0) or bfloat16
- * (bf16 = 1, widened exactly). Returns 0, −2 on bad arguments. */
-int f_matmul(const float *x, int64_t rows, int64_t k, const void *w, int bf16,
-             const float *bias, int64_t n, float *y) {
-    if (rows < 0 || k < 0 || n < 0 || (bf16 != 0 && bf16 != 1)) return -2;
+/* f_matmul's work, called by every thread of an enclosing parallel region (one orphaned
+ * `omp for` over the tiles of outputs). */
+static void f_matmul_team(const float *x, int64_t rows, int64_t k, const void *w, int bf16,
+                          const float *bias, int64_t n, float *y) {
     const int64_t tiles = (n + FO - 1) / FO;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t o0 = t * FO;
         const int no = n - o0 < FO ? (int)(n - o0) : FO;
@@ -819,5 +861,55 @@ int f_matmul(const float *x, int64_t rows, int64_t k, const void *w, int bf16,
                 }
         }
     }
+}
+
+/* y [rows, n] = x [rows, k] · Wᵀ (+ bias [n]), W [n, k] float32 (bf16 = 0) or bfloat16
+ * (bf16 = 1, widened exactly). Returns 0, −2 on bad arguments. */
+int f_matmul(const float *x, int64_t rows, int64_t k, const void *w, int bf16,
+             const float *bias, int64_t n, float *y) {
+    if (rows < 0 || k < 0 || n < 0 || (bf16 != 0 && bf16 != 1)) return -2;
+#pragma omp parallel
+    f_matmul_team(x, rows, k, w, bf16, bias, n, y);
     return 0;
+}
+
+/* ---- one projection of the fused decoder pass (attention.c's `decoder_pass`) ---- */
+
+/* A projection's weights, as `q_matmul` or `f_matmul` take them: `kind` 4, 6 or 8 (q_matmul's
+ * bits and layouts; qs..dmin its weight arguments), 32 or 16 (float32 or bfloat16 weights
+ * [n, k] at qs; sb and the rest unused). `bias` [n] or NULL is added to every row (after the
+ * quantized kernel, as `NativeLinear` adds it; inside f_matmul's sum, as f_matmul does). */
+typedef struct {
+    int64_t kind, k, n, sb;
+    const uint8_t *qs, *qh;
+    const void *sc;
+    const float *dsup;
+    const void *mins;
+    const float *dmin, *bias;
+} proj_t;
+
+/* 0 if `p` is a projection `proj_team` runs, −2 if not. */
+int proj_check(const proj_t *p) {
+    if (p->kind == 32 || p->kind == 16) return p->k < 0 || p->n < 0 || !p->qs ? -2 : 0;
+    return q_args_bad((int)p->kind, 0, p->k, p->sb, p->qh, p->mins, p->dmin, p->n, 0) ||
+                   !p->qs || !p->sc || !p->dsup ? -2 : 0;
+}
+
+/* y [rows, n] = x [rows, k] · Wᵀ (+ bias) for a projection that passed `proj_check`, called by
+ * every thread of an enclosing parallel region: the same bits as q_matmul (+ the bias) or
+ * f_matmul. Returns 0, or 1 when out of memory. */
+int proj_team(const proj_t *p, const float *x, int64_t rows, float *y) {
+    if (p->kind == 32 || p->kind == 16) {
+        f_matmul_team(x, rows, p->k, p->qs, p->kind == 16, p->bias, p->n, y);
+        return 0;
+    }
+    const int failed = q_matmul_team((int)p->kind, x, rows, p->k, p->sb, p->qs, p->qh, p->sc,
+                                     p->dsup, p->mins, p->dmin, p->n, y, 0);
+    if (p->bias) {
+        const int64_t n = p->n;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t o = 0; o < n; o++) y[r * n + o] += p->bias[o];
+    }
+    return failed;
 }

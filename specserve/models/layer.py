@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from specserve import kernels
+from specserve.kernels.decoder import KIND_BF16, KIND_F32, Proj
 from specserve.models.config import ModelConfig
 
 
@@ -65,6 +66,20 @@ class Linear:
             raise ValueError("out must be a contiguous float32 [rows, out_features]")
         self._native(lib, x, out)
         return out
+
+    def native_proj(self) -> Proj | None:
+        """This projection as the fused decoder pass runs it (`kernels/decoder.py`): float32 or
+        bfloat16 weights on the float kernel; None for other dtypes."""
+        w = self.weight
+        if w.dtype not in (torch.float32, torch.bfloat16) or kernels.qmatmul() is None:
+            return None
+        weight = w.contiguous()
+        bias = None if self.bias is None else self.bias.float().contiguous()
+        kind = KIND_BF16 if w.dtype == torch.bfloat16 else KIND_F32
+        proj = Proj(kind, w.shape[1], w.shape[0], 0, weight.data_ptr(), None, None, None, None,
+                    None, None if bias is None else bias.data_ptr())
+        proj.keep = (weight, bias)  # what it points to lives as long as it does
+        return proj
 
     def _native_lib(self, x: torch.Tensor):
         """The float kernel's library where it serves `x` (float32 activations, float32 or

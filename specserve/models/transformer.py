@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from specserve import kernels
+from specserve.kernels.decoder import Buffers, DecoderPlan, Dims, KVIndex
 from specserve.models import rope
 from specserve.models.attention import ragged_attention
 from specserve.models.config import ModelConfig
@@ -86,6 +87,32 @@ def _project(linear, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return into(x, out) if into is not None else linear(x).contiguous()
 
 
+@dataclass(frozen=True, slots=True)
+class PassBuffers:
+    """A native pass's float32 work buffers (one each, reused by every layer)."""
+
+    h: torch.Tensor  # [rows, hidden]: a norm's output
+    qkv: torch.Tensor  # [rows, (heads + 2 kv_heads) * hd]
+    attn: torch.Tensor  # [rows, heads * hd]
+    gu: torch.Tensor  # [rows, 2 * intermediate]
+    act: torch.Tensor  # [rows, intermediate]
+    proj: torch.Tensor  # [rows, hidden]: o's output, then down's
+
+    @staticmethod
+    def empty(rows: int, c: ModelConfig) -> "PassBuffers":
+        def new(width: int) -> torch.Tensor:
+            return torch.empty((rows, width), dtype=torch.float32)
+
+        q_dim = c.num_heads * c.head_dim
+        return PassBuffers(new(c.hidden_size), new(q_dim + 2 * c.num_kv_heads * c.head_dim),
+                           new(q_dim), new(2 * c.intermediate_size), new(c.intermediate_size),
+                           new(c.hidden_size))
+
+    def struct(self) -> Buffers:
+        return Buffers(*(t.data_ptr() for t in (self.h, self.qkv, self.attn, self.gu, self.act,
+                                                self.proj)))
+
+
 class Transformer:
     """Weights as plain tensors; no autograd. Build with `Transformer(cfg, state_dict)` where the
     state dict uses Hugging Face names (`model.layers.0.self_attn.q_proj.weight`, ...)."""
@@ -110,6 +137,10 @@ class Transformer:
         self._local_inv_freq = None if local is None else rope.inv_freq(cfg.head_dim, local)
         self._windows = [cfg.sliding_window if i in cfg.sliding_layers else None
                          for i in range(cfg.num_layers)]  # [num_layers] int | None
+        self._plan: tuple | None = None  # (the projections' ids, their DecoderPlan | None)
+        # float64 [len(decoder.STEPS)] or None: where set (a benchmark), the fused pass adds
+        # its seconds per kind of step into it
+        self.pass_profile: torch.Tensor | None = None
 
     def new_pool(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  dtype: torch.dtype = ATTN_DTYPE) -> KVCache:
@@ -211,12 +242,28 @@ class Transformer:
                 and self.norm.dtype == torch.float32
                 and all(n.dtype == torch.float32 for l in self.layers for n in l.norms()))
 
+    def _decoder_plan(self) -> DecoderPlan | None:
+        """The fused pass's view of the layers (`kernels/decoder.py`), built on first use and
+        again if a projection was replaced (weights quantized after construction); None where
+        a projection has no native form (PyTorch's packed int4/int8 fallbacks)."""
+        projections = [p for l in self.layers for p in (l.qkv, l.o, l.gate_up, l.down)]
+        key = tuple(id(p) for p in projections)
+        if self._plan is None or self._plan[0] != key:
+            makers = [getattr(p, "native_proj", None) for p in projections]
+            projs = [make() if make is not None else None for make in makers]
+            plan = None
+            if all(p is not None for p in projs):
+                plan = DecoderPlan(kernels.qmatmul(), self.layers, projs)
+            self._plan = (key, plan)
+        return self._plan[1]
+
     def _native_pass(self, lib, x: torch.Tensor, batch: ForwardBatch, tables: torch.Tensor,
                      cos: torch.Tensor, sin: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """`hidden_states` with each layer's glue in three native calls (`rms_norm`,
-        `rope_store_attend`, `silu_mul` in `specserve/kernels/attention.c`): the same
+        """`hidden_states` on the native glue (`specserve/kernels/attention.c`): the same
         arithmetic per row as the PyTorch path's rotary embedding and attention, its own
-        fixed-order RMSNorm and SiLU."""
+        fixed-order RMSNorm and SiLU. The whole pass is one call (`decoder_pass`) where every
+        projection has a native form, else each layer's glue is three calls around the
+        projections (`_layer_calls`); both give the same bits."""
         c = self.cfg
         rows, hidden = x.shape
         heads, kv_heads, hd = c.num_heads, c.num_kv_heads, c.head_dim
@@ -226,43 +273,60 @@ class Transformer:
         cos = cos.reshape(rows, hd).contiguous()  # [rows, hd]
         sin = sin.reshape(rows, hd).contiguous()  # [rows, hd]
         x = x.contiguous()
-        h = torch.empty_like(x)  # [rows, hidden]
-        attn = torch.empty((rows, heads * hd), dtype=torch.float32)  # [rows, heads * hd]
-        act = torch.empty((rows, c.intermediate_size), dtype=torch.float32)  # [rows, inter]
-        # the projections' outputs, one buffer each for every layer (`_project`)
-        qkv_out = torch.empty((rows, (heads + 2 * kv_heads) * hd), dtype=torch.float32)
-        gate_up_out = torch.empty((rows, 2 * c.intermediate_size), dtype=torch.float32)
-        proj_out = torch.empty_like(x)  # [rows, hidden]: o's, then down's
-        eps = ctypes.c_float(c.rms_norm_eps)
-        scale = ctypes.c_float(1 / math.sqrt(hd) if c.attn_scale is None else c.attn_scale)
+        bufs = PassBuffers.empty(rows, c)
+        scale = 1 / math.sqrt(hd) if c.attn_scale is None else c.attn_scale
         num_seqs, max_blocks = tables32.shape
-        per_layer = cache.keys[0].numel()
-        keys, values = cache.keys.data_ptr(), cache.values.data_ptr()
-        step = per_layer * cache.keys.element_size()
-        fixed = (cos.data_ptr(), sin.data_ptr())
-        index = (kernels.KV_KINDS[cache.keys.dtype], cache.num_blocks, cache.block_size,
-                 tables32.data_ptr(), num_seqs, max_blocks, seq32.data_ptr(), pos32.data_ptr(),
-                 scale, attn.data_ptr())
-        for i, layer in enumerate(self.layers):
-            _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, layer.attn_norm.data_ptr(), eps,
-                                   h.data_ptr()), "rms_norm")
-            qkv = _project(layer.qkv, h, qkv_out)  # [rows, (heads + 2 kv_heads) * hd]
-            if layer.q_norm is not None:
-                self._native_qk_norm(lib, layer, qkv, eps)
-            _check_rc(lib.rope_store_attend(qkv.data_ptr(), rows, heads, kv_heads, hd, *fixed,
-                                            keys + i * step, values + i * step, *index),
-                      "rope_store_attend")
-            x += _project(layer.o, attn, proj_out)
-            _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, layer.mlp_norm.data_ptr(), eps,
-                                   h.data_ptr()), "rms_norm")
-            gate_up = _project(layer.gate_up, h, gate_up_out)  # [rows, 2 * intermediate]
-            _check_rc(lib.silu_mul(gate_up.data_ptr(), rows, c.intermediate_size,
-                                   act.data_ptr()), "silu_mul")
-            x += _project(layer.down, act, proj_out)
+        index = KVIndex(kernels.KV_KINDS[cache.keys.dtype], cache.num_blocks, cache.block_size,
+                        tables32.data_ptr(), num_seqs, max_blocks, seq32.data_ptr(),
+                        pos32.data_ptr())
+        step = cache.keys[0].numel() * cache.keys.element_size()  # bytes of one layer's pool
         out = torch.empty_like(x)  # [rows, hidden]
+        plan = self._decoder_plan()
+        if plan is not None:
+            dims = Dims(hidden, heads, kv_heads, hd, c.intermediate_size, c.rms_norm_eps, scale)
+            rc = lib.decoder_pass(plan.proj_fn, plan.layers, len(self.layers), ctypes.byref(dims),
+                                  x.data_ptr(), rows, cos.data_ptr(), sin.data_ptr(),
+                                  cache.keys.data_ptr(), cache.values.data_ptr(), step,
+                                  ctypes.byref(index), ctypes.byref(bufs.struct()),
+                                  self.norm.data_ptr(), out.data_ptr(),
+                                  None if self.pass_profile is None
+                                  else self.pass_profile.data_ptr())
+            _check_rc(rc, "decoder_pass")
+            return out
+        self._layer_calls(lib, x, bufs, cos, sin, cache, step, index, scale)
+        eps = ctypes.c_float(c.rms_norm_eps)
         _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, self.norm.data_ptr(), eps,
                                out.data_ptr()), "rms_norm")
         return out
+
+    def _layer_calls(self, lib, x: torch.Tensor, bufs: "PassBuffers", cos: torch.Tensor,
+                     sin: torch.Tensor, cache: KVCache, step: int, index: KVIndex,
+                     scale: float) -> None:
+        """Every layer over the residual stream `x` (in place), a native call per step."""
+        c = self.cfg
+        rows, hidden = x.shape
+        eps = ctypes.c_float(c.rms_norm_eps)
+        keys, values = cache.keys.data_ptr(), cache.values.data_ptr()
+        where = (index.kv_kind, index.num_blocks, index.block_size, index.block_tables,
+                 index.num_seqs, index.max_blocks, index.row_seq, index.row_pos,
+                 ctypes.c_float(scale), bufs.attn.data_ptr())
+        for i, layer in enumerate(self.layers):
+            _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, layer.attn_norm.data_ptr(), eps,
+                                   bufs.h.data_ptr()), "rms_norm")
+            qkv = _project(layer.qkv, bufs.h, bufs.qkv)  # [rows, (heads + 2 kv_heads) * hd]
+            if layer.q_norm is not None:
+                self._native_qk_norm(lib, layer, qkv, eps)
+            _check_rc(lib.rope_store_attend(qkv.data_ptr(), rows, c.num_heads, c.num_kv_heads,
+                                            c.head_dim, cos.data_ptr(), sin.data_ptr(),
+                                            keys + i * step, values + i * step, *where),
+                      "rope_store_attend")
+            x += _project(layer.o, bufs.attn, bufs.proj)
+            _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, layer.mlp_norm.data_ptr(), eps,
+                                   bufs.h.data_ptr()), "rms_norm")
+            gate_up = _project(layer.gate_up, bufs.h, bufs.gu)  # [rows, 2 * intermediate]
+            _check_rc(lib.silu_mul(gate_up.data_ptr(), rows, c.intermediate_size,
+                                   bufs.act.data_ptr()), "silu_mul")
+            x += _project(layer.down, bufs.act, bufs.proj)
 
     def _native_qk_norm(self, lib, layer: Layer, qkv: torch.Tensor, eps: ctypes.c_float) -> None:
         """`qkv` `[rows, (heads + 2 kv_heads) * hd]` with each query and key head RMS-normed in

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from specserve import kernels
+from specserve.kernels.decoder import Proj
 
 # The `weights=` choices: "auto" follows the source (a quantized GGUF file stays quantized,
 # int4-style; float sources load dense), "bf16"/"float32" load dense, "int8"/"int4" quantize;
@@ -289,6 +290,11 @@ class NativeLinear:
         w = self.w
         return (w.bits, self.in_features, w.sb, w.qs.data_ptr(), _ptr(w.qh), w.sc.data_ptr(),
                 w.dsup.data_ptr(), _ptr(w.mins), _ptr(w.dmin), self.out_features)
+
+    def native_proj(self) -> Proj:
+        """This projection as the fused decoder pass runs it (`kernels/decoder.py`)."""
+        bits, k, sb, qs, qh, sc, dsup, mins, dmin, n = self._wargs
+        return Proj(bits, k, n, sb, qs, qh, sc, dsup, mins, dmin, _ptr(self.bias))
 
     def __call__(self, x: torch.Tensor, path: int = 0) -> torch.Tensor:
         """`path` (tests, benchmarks): 0 lets the kernel choose, 1 forces its decode loop
