@@ -14,33 +14,23 @@ Each row count also gets the fused pass's own profile: its milliseconds per kind
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 
 import torch
 
-from specserve import LLM, kernels
+from pass_parts import pass_arguments, runner_of  # this folder's (the script's own path)
+
+from specserve import kernels
 from specserve.kernels.decoder import STEPS
 from specserve.bench.runner import machine_info
 from specserve.models.transformer import Transformer
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="qwen2.5-coder-1.5b")
-    p.add_argument("--draft", default=None, help="time this draft model's pass (beside --model)")
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 5, 9])
-    p.add_argument("--prefix", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=30)
-    args = p.parse_args()
-    torch.set_num_threads(2)
-    if args.draft is None:
-        runner = LLM(args.model).engine.runner
-    else:
-        spec = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": 4}
-        runner = LLM(args.model, speculative_config=spec).engine.spec.model.runner
+    args = pass_arguments(__doc__, [1, 2, 5, 9], 30)
+    runner = runner_of(args)
     fused_plan = Transformer._decoder_plan
 
     def path(fused: bool) -> None:

@@ -7,6 +7,10 @@ silu_mul) and the rest, for one sequence after a cached prefix. Each figure is t
 
 `--draft MODEL` times the draft model's pass instead, as the default pair's drafter runs it (its
 restricted vocabulary head included).
+
+The timers wrap each projection from Python, so the pass runs step by step (the per-call native
+path: the fused `decoder_pass` needs the projections' native forms). `fused_pass_ab.py` profiles
+the fused pass, which the engine runs.
 """
 
 from __future__ import annotations
@@ -22,20 +26,30 @@ from specserve import LLM, kernels
 from specserve.models import transformer
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def pass_arguments(doc: str, rows: list[int], repeats: int) -> argparse.Namespace:
+    """The options of a script that times one sequence's passes (this one's, with defaults)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 5, 6, 9])
+    p.add_argument("--rows", type=int, nargs="+", default=rows)
     p.add_argument("--prefix", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=repeats)
     p.add_argument("--draft", default=None, help="time this draft model's pass (beside --model)")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def runner_of(args: argparse.Namespace):
+    """The model runner whose passes are timed: the target's, or (`--draft`) the draft's, as
+    the default pair's drafter runs it (its restricted head included). Two threads."""
     torch.set_num_threads(2)
     if args.draft is None:
-        runner = LLM(args.model).engine.runner
-    else:
-        spec = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": 4}
-        runner = LLM(args.model, speculative_config=spec).engine.spec.model.runner
+        return LLM(args.model).engine.runner
+    spec = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": 4}
+    return LLM(args.model, speculative_config=spec).engine.spec.model.runner
+
+
+def main() -> None:
+    args = pass_arguments(__doc__, [1, 2, 4, 5, 6, 9], 10)
+    runner = runner_of(args)
     spent: collections.Counter = collections.Counter()
 
     def timed(name, fn):

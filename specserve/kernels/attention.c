@@ -466,6 +466,19 @@ static int make_items(const int32_t *row_seq, int64_t rows, int64_t max_n, items
     return 0;
 }
 
+/* What every entry point checks before it writes anything, then its work items: 0 (`its`
+ * set up; the caller frees its->first), 1 (no rows: nothing to do), or the error to return
+ * (−1 out of memory, −2 bad shapes, −3 an index out of range). */
+static int prepare(const kv_index_t *ix, int64_t rows, int64_t heads, int64_t kv_heads,
+                   int64_t hd, items_t *its) {
+    its->first = NULL;
+    if (bad_shape(rows, heads, kv_heads, hd, ix)) return -2;
+    int64_t max_n;
+    if (check_rows(ix, rows, &max_n)) return -3;
+    if (rows == 0) return 1;
+    return make_items(ix->row_seq, rows, max_n, its);
+}
+
 /* ragged_attention's work, called by every thread of an enclosing parallel region: each
  * thread takes items (the longest first) from one orphaned `omp for` with scratch of its own.
  * Returns 0, or 1 if this thread's scratch could not be allocated. */
@@ -540,12 +553,9 @@ int ragged_attention(const float *q, int64_t rows, int64_t heads, int64_t kv_hea
                      float scale, float *out) {
     const kv_index_t ix = {kv_kind, num_blocks, block_size, block_tables, num_seqs, max_blocks,
                            row_seq, row_pos};
-    if (bad_shape(rows, heads, kv_heads, hd, &ix)) return -2;
-    int64_t max_n;
-    if (check_rows(&ix, rows, &max_n)) return -3;
-    if (rows == 0) return 0;
     items_t its;
-    if (make_items(row_seq, rows, max_n, &its)) return -1;
+    const int ready = prepare(&ix, rows, heads, kv_heads, hd, &its);
+    if (ready) return ready > 0 ? 0 : ready;
     int failed = 0;
 #pragma omp parallel
     {
@@ -663,14 +673,12 @@ int rope_store_attend(const float *qkv, int64_t rows, int64_t heads, int64_t kv_
                       const int32_t *row_seq, const int32_t *row_pos, float scale, float *out) {
     const kv_index_t ix = {kv_kind, num_blocks, block_size, block_tables, num_seqs, max_blocks,
                            row_seq, row_pos};
-    if (bad_shape(rows, heads, kv_heads, hd, &ix)) return -2;
-    int64_t max_n;
-    if (check_rows(&ix, rows, &max_n)) return -3;
-    if (rows == 0) return 0;
+    items_t its;
+    const int ready = prepare(&ix, rows, heads, kv_heads, hd, &its);
+    if (ready) return ready > 0 ? 0 : ready;
     float *q = rope_buffer(rows, heads, hd);
-    items_t its = {NULL, 0, 0};
-    if (!q || make_items(row_seq, rows, max_n, &its)) {
-        free(q);
+    if (!q) {
+        free(its.first);
         return -1;
     }
     int failed = 0;
@@ -778,16 +786,13 @@ int decoder_pass(proj_fn proj, const layer_t *layers, int64_t num_layers, const 
                  float *x, int64_t rows, const float *cos, const float *sin, void *keys,
                  void *values, int64_t layer_bytes, const kv_index_t *ix, const buffers_t *buf,
                  const float *final_norm, float *out, double *profile) {
-    if (bad_shape(rows, d->heads, d->kv_heads, d->hd, ix) || d->hidden <= 0 || d->inter <= 0 ||
-        num_layers < 0 || layer_bytes < 0)
-        return -2;
-    int64_t max_n;
-    if (check_rows(ix, rows, &max_n)) return -3;
-    if (rows == 0) return 0;
+    if (d->hidden <= 0 || d->inter <= 0 || num_layers < 0 || layer_bytes < 0) return -2;
+    items_t its;
+    const int ready = prepare(ix, rows, d->heads, d->kv_heads, d->hd, &its);
+    if (ready) return ready > 0 ? 0 : ready;
     float *q = rope_buffer(rows, d->heads, d->hd);
-    items_t its = {NULL, 0, 0};
-    if (!q || make_items(ix->row_seq, rows, max_n, &its)) {
-        free(q);
+    if (!q) {
+        free(its.first);
         return -1;
     }
     const int64_t chunks = (d->inter + SILU_CHUNK - 1) / SILU_CHUNK;

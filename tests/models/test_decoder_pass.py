@@ -113,3 +113,16 @@ def test_the_plan_follows_projections_replaced_after_construction(tmp_path):
     assert first is not None and model._decoder_plan() is first  # built once
     model.layers[1].down = object()  # a projection with no native form
     assert model._decoder_plan() is None
+
+
+def test_a_projection_the_fused_pass_cannot_run_is_refused(tmp_path):
+    from specserve.kernels.decoder import DecoderPlan, Proj
+
+    path = tiny.save_hf_dir(tiny.build_hf_model("llama", seed=0), tmp_path / "m")
+    model = load_model(path, "float32", weights="int4", weight_cache=False).model
+    projs = [p.native_proj() for l in model.layers for p in (l.qkv, l.o, l.gate_up, l.down)]
+    DecoderPlan(kernels.qmatmul(), model.layers, projs)  # as built: accepted
+    bad = Proj.from_buffer_copy(projs[0])
+    bad.kind = 5  # no such width
+    with pytest.raises(ValueError, match="cannot run"):
+        DecoderPlan(kernels.qmatmul(), model.layers, [bad] + projs[1:])
