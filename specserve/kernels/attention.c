@@ -482,10 +482,9 @@ static int prepare(const kv_index_t *ix, int64_t rows, int64_t heads, int64_t kv
 /* ragged_attention's work, called by every thread of an enclosing parallel region: each
  * thread takes items (the longest first) from one orphaned `omp for` with scratch of its own.
  * Returns 0, or 1 if this thread's scratch could not be allocated. */
-static int attend_team(const float *q, int64_t rows, int64_t heads, int64_t kv_heads,
-                       int64_t hd, const void *k_pool, const void *v_pool, const kv_index_t *ix,
-                       float scale, float *out, const items_t *its) {
-    (void)rows;
+static int attend_team(const float *q, int64_t heads, int64_t kv_heads, int64_t hd,
+                       const void *k_pool, const void *v_pool, const kv_index_t *ix, float scale,
+                       float *out, const items_t *its) {
     const int G = (int)(heads / kv_heads);
     const int64_t max_np = its->max_np, items = its->groups * kv_heads;
     const int kv_kind = (int)ix->kv_kind;
@@ -559,7 +558,7 @@ int ragged_attention(const float *q, int64_t rows, int64_t heads, int64_t kv_hea
     int failed = 0;
 #pragma omp parallel
     {
-        if (attend_team(q, rows, heads, kv_heads, hd, k_pool, v_pool, &ix, scale, out, &its)) {
+        if (attend_team(q, heads, kv_heads, hd, k_pool, v_pool, &ix, scale, out, &its)) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -686,7 +685,7 @@ int rope_store_attend(const float *qkv, int64_t rows, int64_t heads, int64_t kv_
     {
         rope_store_team(qkv, rows, heads, kv_heads, hd, cos, sin, k_pool, v_pool, &ix, q,
                         q + rows * heads * hd);
-        if (attend_team(q, rows, heads, kv_heads, hd, k_pool, v_pool, &ix, scale, out, &its)) {
+        if (attend_team(q, heads, kv_heads, hd, k_pool, v_pool, &ix, scale, out, &its)) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -819,8 +818,8 @@ int decoder_pass(proj_fn proj, const layer_t *layers, int64_t num_layers, const 
             rope_store_team(buf->qkv, rows, d->heads, d->kv_heads, d->hd, cos, sin, kp, vp, ix, q,
                             q + rows * d->heads * d->hd);
             STEP_DONE(ST_ROPE)
-            f |= attend_team(q, rows, d->heads, d->kv_heads, d->hd, kp, vp, ix, d->scale,
-                             buf->attn, &its);
+            f |= attend_team(q, d->heads, d->kv_heads, d->hd, kp, vp, ix, d->scale, buf->attn,
+                             &its);
             STEP_DONE(ST_ATTEND)
             f |= proj(L->o, buf->attn, rows, buf->proj);
             STEP_DONE(ST_O)

@@ -69,7 +69,8 @@ def bind_glue(glue: ctypes.CDLL) -> None:
     glue.decoder_pass.restype = ctypes.c_int
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
+def data_ptr(t: torch.Tensor | None) -> int | None:
+    """A tensor's address, or None (NULL) for None: an optional argument of a native call."""
     return None if t is None else t.data_ptr()
 
 
@@ -87,6 +88,6 @@ class DecoderPlan:
         self.layers = (LayerDesc * len(layers))()
         for i, layer in enumerate(layers):
             q = projs[4 * i:4 * i + 4]
-            self.layers[i] = LayerDesc(_ptr(layer.attn_norm), _ptr(layer.q_norm),
-                                       _ptr(layer.k_norm), _ptr(layer.mlp_norm),
+            self.layers[i] = LayerDesc(data_ptr(layer.attn_norm), data_ptr(layer.q_norm),
+                                       data_ptr(layer.k_norm), data_ptr(layer.mlp_norm),
                                        *(ctypes.addressof(p) for p in q))

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from specserve import kernels
-from specserve.kernels.decoder import KIND_BF16, KIND_F32, Proj
+from specserve.kernels.decoder import KIND_BF16, KIND_F32, Proj, data_ptr
 from specserve.models.config import ModelConfig
 
 
@@ -77,7 +77,7 @@ class Linear:
         bias = None if self.bias is None else self.bias.float().contiguous()
         kind = KIND_BF16 if w.dtype == torch.bfloat16 else KIND_F32
         proj = Proj(kind, w.shape[1], w.shape[0], 0, weight.data_ptr(), None, None, None, None,
-                    None, None if bias is None else bias.data_ptr())
+                    None, data_ptr(bias))
         proj.keep = (weight, bias)  # what it points to lives as long as it does
         return proj
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from specserve import kernels
-from specserve.kernels.decoder import Proj
+from specserve.kernels.decoder import Proj, data_ptr
 
 # The `weights=` choices: "auto" follows the source (a quantized GGUF file stays quantized,
 # int4-style; float sources load dense), "bf16"/"float32" load dense, "int8"/"int4" quantize;
@@ -188,10 +188,6 @@ def _pack_lanes(q: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor 
     return qs.contiguous(), qh.contiguous()
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return t.data_ptr() if t is not None else None
-
-
 def _safe(d: torch.Tensor) -> torch.Tensor:
     """`d` with its zeros replaced by 1 (a divisor whose quotients are masked out)."""
     return torch.where(d > 0, d, torch.ones_like(d))
@@ -288,13 +284,13 @@ class NativeLinear:
     def _weight_args(self) -> tuple:
         """The kernel's weight arguments, once: the tensors never move (`self.w` keeps them)."""
         w = self.w
-        return (w.bits, self.in_features, w.sb, w.qs.data_ptr(), _ptr(w.qh), w.sc.data_ptr(),
-                w.dsup.data_ptr(), _ptr(w.mins), _ptr(w.dmin), self.out_features)
+        return (w.bits, self.in_features, w.sb, w.qs.data_ptr(), data_ptr(w.qh), w.sc.data_ptr(),
+                w.dsup.data_ptr(), data_ptr(w.mins), data_ptr(w.dmin), self.out_features)
 
     def native_proj(self) -> Proj:
         """This projection as the fused decoder pass runs it (`kernels/decoder.py`)."""
         bits, k, sb, qs, qh, sc, dsup, mins, dmin, n = self._wargs
-        return Proj(bits, k, n, sb, qs, qh, sc, dsup, mins, dmin, _ptr(self.bias))
+        return Proj(bits, k, n, sb, qs, qh, sc, dsup, mins, dmin, data_ptr(self.bias))
 
     def __call__(self, x: torch.Tensor, path: int = 0) -> torch.Tensor:
         """`path` (tests, benchmarks): 0 lets the kernel choose, 1 forces its decode loop
