@@ -6,7 +6,9 @@ link to the real ones, so only the repacked weights are missing); the load repac
 the cache. Warm: the loads after it, which map the cache. Each figure is the wall time of the
 `load_model` call (imports excluded), and the CPU time it used (user + system, all threads: on
 a machine busy with other work, a steadier figure than the wall time); warm figures are
-medians of `--repeats` processes, the two models' processes taking turns.
+medians of `--repeats` processes, the two models' processes taking turns. Then the pair as
+the engine loads it: both models, one after the other, in one process
+(`one_process_warm_median_s`).
 
     python benchmarks/scripts/load_time.py [--repeats 5] [--models qwen2.5-coder-1.5b ...]
     python benchmarks/scripts/load_time.py --warm-only   # the real cache, as it is
@@ -38,18 +40,24 @@ kernels.qmatmul()  # built once per kernel source (and flags), not per load: kep
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-start, start_cpu = time.perf_counter(), cpu()
-m = load_model(sys.argv[1], draft=sys.argv[2] == "draft")
-print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": cpu() - start_cpu,
-                  "cache_hit": m.cache_hit, "weights": m.weights}))
+for name, role in zip(sys.argv[1::2], sys.argv[2::2]):  # in order, as the engine loads a pair
+    start, start_cpu = time.perf_counter(), cpu()
+    m = load_model(name, draft=role == "draft")
+    print(json.dumps({"seconds": time.perf_counter() - start, "cpu_seconds": cpu() - start_cpu,
+                      "cache_hit": m.cache_hit, "weights": m.weights}))
 """
 
 
-def load_once(name: str, env: dict, draft: bool) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, name, "draft" if draft else "target"],
-                         env=env, check=True,
+def load_in_one_process(names: list[str], env: dict, drafts: list[str]) -> list[dict]:
+    """Load `names` one after another in one fresh process: one record per model."""
+    argv = [a for name in names for a in (name, "draft" if name in drafts else "target")]
+    out = subprocess.run([sys.executable, "-c", CHILD, *argv], env=env, check=True,
                          capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in out.stdout.strip().splitlines()[-len(names):]]
+
+
+def load_once(name: str, env: dict, draft: bool) -> dict:
+    return load_in_one_process([name], env, [name] if draft else [])[0]
 
 
 def main() -> None:
@@ -69,9 +77,11 @@ def main() -> None:
         env = dict(os.environ, SPECSERVE_CACHE=str(cache))
         cold = {name: load_once(name, env, name in args.drafts) for name in args.models}
         warm: dict[str, list[dict]] = {name: [] for name in args.models}
+        together = []  # the models loaded in one process, as `LLM(...)` and `serve` load a pair
         for _ in range(args.repeats):
             for name in args.models:
                 warm[name].append(load_once(name, env, name in args.drafts))
+            together.append(load_in_one_process(args.models, env, args.drafts))
         sizes = {f.name: f.stat().st_size for f in (cache / "weights").glob("*.weights")}
     with open("/proc/loadavg") as f:
         load = f.read().split()[:3]
@@ -88,6 +98,10 @@ def main() -> None:
             "warm_s": [round(s, 2) for s in secs]}
     result["pair_warm_median_s"] = round(sum(m["warm_median_s"]
                                              for m in result["models"].values()), 2)
+    # in one process the second model reuses the first's tokenizer when their vocabularies
+    # are the same bytes (gguf_file.StringArray.digest)
+    result["one_process_warm_s"] = [round(sum(r["seconds"] for r in run), 2) for run in together]
+    result["one_process_warm_median_s"] = statistics.median(result["one_process_warm_s"])
     print(json.dumps(result, indent=2))
 
 

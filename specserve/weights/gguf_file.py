@@ -3,6 +3,9 @@
 `gguf.GGUFReader` builds a numpy view per metadata element, which takes seconds for a 150k-token
 vocabulary; this parses the header with `struct` in one pass (string arrays in a tight loop,
 numeric arrays with one `np.frombuffer` each) and maps tensor data only when it is asked for.
+A long string array (a vocabulary, its merges) is only stepped over: it is read as text on
+first use (`StringArray`), and a tokenizer built before from the same bytes is not built again
+(`StringArray.digest`), so a warm load of a model pair reads its vocabulary once.
 
 Layout (GGUF v2/v3, little-endian; llama.cpp's `docs/gguf.md`):
 
@@ -18,11 +21,13 @@ and tensor offsets count from the start of the data section.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
 import struct
 from dataclasses import dataclass
 from functools import cached_property
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,7 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 
+LAZY_STRINGS = 4096  # string arrays of at least this many strings are read on first use
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
 _PREAMBLE = struct.Struct("<4sIQQ")  # magic, version, tensor_count, kv_count
 _SCALARS = {
@@ -110,6 +116,17 @@ class _Cursor:
         self.pos = pos
         return out
 
+    def skip_strings(self, count: int) -> None:
+        """Step over `count` consecutive strings without reading them as text."""
+        if count * _U64.size > self.size - self.pos:
+            raise struct.error(f"{count} strings at offset {self.pos} run past the end")
+        buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
+        for _ in range(count):
+            pos += 8 + unpack(buf, pos)[0]
+            if pos > size:
+                raise struct.error(f"string ending at offset {pos} runs past the end")
+        self.pos = pos
+
     def value(self, value_type: int) -> Any:
         kind = _value_type(value_type)
         if kind in _SCALARS:
@@ -134,6 +151,61 @@ def _value_type(value: int) -> GGUFValueType:
         return GGUFValueType(value)
     except ValueError:
         raise ValueError(f"unknown GGUF value type {value}") from None
+
+
+class StringArray(Sequence):
+    """A long metadata string array, read from the file as text on first use; `digest` names
+    its bytes without reading them (invalid UTF-8 is reported, naming the key, when read)."""
+
+    def __init__(self, path: Path, key: str, start: int, end: int, count: int) -> None:
+        self.path, self.key, self.start, self.end, self.count = path, key, start, end, count
+        self._values: list[str] | None = None
+        self._digest: str | None = None
+
+    def _map(self):
+        with open(self.path, "rb") as f:
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    @property
+    def values(self) -> list[str]:
+        if self._values is None:
+            with self._map() as buf:
+                try:
+                    self._values = _strings_at(buf, self.start, self.end, self.count)
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"{self.path}: metadata key {self.key!r}: invalid UTF-8 "
+                                     f"({e})") from None
+                except struct.error as e:  # the file changed since its header was read
+                    raise ValueError(f"{self.path}: metadata key {self.key!r}: {e}") from None
+        return self._values
+
+    @property
+    def digest(self) -> str:
+        """The sha256 of the array's bytes in the file."""
+        if self._digest is None:
+            with self._map() as buf:
+                self._digest = hashlib.sha256(buf[self.start:self.end]).hexdigest()
+        return self._digest
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i):
+        return self.values[i]
+
+    def __iter__(self):
+        return iter(self.values)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StringArray):
+            return self.values == other.values
+        return isinstance(other, Sequence) and not isinstance(other, str) \
+            and self.values == list(other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"StringArray({self.key!r}, {self.count} strings)"
 
 
 class GGUFFile:
@@ -210,7 +282,9 @@ def _read_metadata(cursor: _Cursor, kv_count: int, path: Path) -> dict[str, Any]
         key = cursor.string()
         value_type = cursor.u32()
         try:
-            value = cursor.value(value_type)
+            value = _lazy_strings(cursor, path, key) if value_type == V.ARRAY else None
+            if value is None:
+                value = cursor.value(value_type)
         except ValueError as e:  # an unknown value type or invalid UTF-8
             raise ValueError(f"{path}: metadata key {key!r}: {e}") from None
         if key in metadata:
@@ -219,6 +293,42 @@ def _read_metadata(cursor: _Cursor, kv_count: int, path: Path) -> dict[str, Any]
             raise ValueError(f"{path}: general.alignment must be UINT32, got {_value_type(value_type).name}")
         metadata[key] = value
     return metadata
+
+
+def _lazy_strings(cursor: _Cursor, path: Path, key: str) -> StringArray | None:
+    """At an array value: if it is a string array of at least `LAZY_STRINGS` strings, step over
+    it and return it unread; else None, the cursor where it was."""
+    elem, count = struct.unpack_from("<IQ", cursor.buf, cursor.pos)
+    if elem != V.STRING or count < LAZY_STRINGS:
+        return None
+    cursor.pos += 12
+    start = cursor.pos
+    cursor.skip_strings(count)
+    return StringArray(path, key, start, cursor.pos, count)
+
+
+def _strings_at(buf: mmap.mmap, start: int, end: int, count: int) -> list[str]:
+    """The `count` strings in `buf[start:end]`, decoded at once: each string's 8-byte length
+    is dropped but for its top byte (0 for any length below 2^56), which then separates the
+    strings, so one `decode` and one `split` do what a loop of `count` decodes would. A
+    string holding a NUL byte (or a length of 2^56 or more) is read one by one."""
+    unpack, pos, found = _U64.unpack_from, start, []
+    note = found.append
+    for _ in range(count):
+        note(pos)
+        pos += 8 + unpack(buf, pos)[0]
+    if pos != end:
+        raise struct.error(f"the strings at offset {start} no longer end at {end}")
+    starts = np.array(found, dtype=np.int64)  # [count]
+    # a copy, not a view: a view would keep the map from closing while an error unwinds
+    region = np.frombuffer(buf[start:end], dtype=np.uint8)  # [end - start]
+    keep = np.ones(end - start, dtype=bool)
+    keep[((starts - start)[:, None] + np.arange(7)).ravel()] = False
+    text = region[keep].tobytes().decode("utf-8")
+    out = text.split("\0")[1:]
+    if len(out) == count and not region[starts - start + 7].any():
+        return out
+    return _Cursor(buf, start).strings(count)
 
 
 def _read_tensor_infos(cursor: _Cursor, tensor_count: int, path: Path) -> list[tuple]:

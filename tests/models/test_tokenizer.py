@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
 
-from specserve.models.tokenizer import from_hf_dir
+from specserve.models.tokenizer import _merge_pairs, from_hf_dir
 from tests.tiny import CHAT_TEMPLATE
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -72,3 +72,14 @@ def test_the_compiled_chat_template_is_kept(tmp_path):
     first = tok._template
     tok.apply_chat_template([{"role": "user", "content": "x"}])
     assert tok._template is first
+
+
+@pytest.mark.parametrize("merges", [
+    ["a b", "Ġt he", "c d"],  # the usual: one space each (one join and one split)
+    ["ab", "c d e"],  # as many spaces as merges, one without and one with two
+    ["a b\nc", "d e"],  # a newline inside a merge
+    ["a ", " b"],  # empty halves
+    [],
+])
+def test_merges_split_at_their_first_space(merges):
+    assert _merge_pairs(merges) == [tuple(m.split(" ", 1)) for m in merges]

@@ -15,7 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import quantize
 
-from specserve.weights.gguf_file import GGUFFile, GGUFTensor
+from specserve.weights.gguf_file import LAZY_STRINGS, GGUFFile, GGUFTensor, StringArray
 from specserve.weights.gguf_loader import open_gguf, read_metadata
 from tests.conftest import real_model_path
 
@@ -330,3 +330,61 @@ def test_tensor_record_validates_its_fields() -> None:
         GGUFTensor("w", (-1, 4), Q.F32, offset=0, nbytes=16)
     with pytest.raises(ValueError, match="offset and nbytes of tensor w"):
         GGUFTensor("w", (4,), Q.F32, offset=-8, nbytes=16)
+
+
+# ---- long string arrays (vocabularies): stepped over at open, read on first use
+LONG = LAZY_STRINGS + 5
+
+
+def long_strings(extra: str = "") -> list[str]:
+    """`LONG` strings of 0 to 4 UTF-8 bytes per character, some empty."""
+    return [("" if i % 97 == 0 else f"t{i}ü✓{extra}") for i in range(LONG)]
+
+
+def string_array_file(directory: Path, strings: list[bytes | str]) -> Path:
+    """A file in `directory` (made if missing) holding `strings` under "tokens", then a key."""
+    directory.mkdir(exist_ok=True)
+    payload = struct.pack("<IQ", V.STRING, len(strings)) + b"".join(map(pack_string, strings))
+    return write_bytes(directory, gguf_bytes([pack_kv("tokens", V.ARRAY, payload),
+                                                    pack_kv("after", V.UINT8, b"\x07")]))
+
+
+def test_long_string_array_is_read_on_first_use(tmp_path: Path) -> None:
+    strings = long_strings()
+    meta = GGUFFile(string_array_file(tmp_path / "a", strings)).metadata
+    tokens = meta["tokens"]
+    assert isinstance(tokens, StringArray) and tokens._values is None
+    assert len(tokens) == LONG and meta["after"] == 7  # the key after it was found unread
+    assert tokens._values is None
+    assert tokens == strings and tokens[:3] == strings[:3] and list(tokens) == strings
+    # the digest names the bytes: the same strings in another file, the same digest
+    same = GGUFFile(string_array_file(tmp_path / "b", strings)).metadata["tokens"]
+    other = GGUFFile(string_array_file(tmp_path / "c", long_strings("!"))).metadata["tokens"]
+    assert same.digest == tokens.digest != other.digest
+
+
+def test_short_string_arrays_stay_lists(tmp_path: Path) -> None:
+    strings = [f"s{i}" for i in range(LAZY_STRINGS - 1)]
+    assert type(GGUFFile(string_array_file(tmp_path, strings)).metadata["tokens"]) is list
+
+
+def test_long_string_array_holding_nul_reads_the_same(tmp_path: Path) -> None:
+    """The one-decode path separates strings by NUL; a string holding one is read one by one."""
+    strings = long_strings()
+    strings[10] = "a\0b"
+    assert GGUFFile(string_array_file(tmp_path, strings)).metadata["tokens"] == strings
+
+
+def test_invalid_utf8_in_a_long_array_names_the_key_when_read(tmp_path: Path) -> None:
+    strings = [s.encode() for s in long_strings()]
+    strings[7] = b"\xff\xfe"
+    tokens = GGUFFile(string_array_file(tmp_path, strings)).metadata["tokens"]
+    with pytest.raises(ValueError, match=r"crafted\.gguf: metadata key 'tokens': invalid UTF-8"):
+        tokens[0]
+
+
+def test_long_string_array_cut_short_is_truncation(tmp_path: Path) -> None:
+    data = string_array_file(tmp_path, long_strings()).read_bytes()
+    cut = data.index(pack_string("after"))  # inside the array's last string
+    with pytest.raises(ValueError, match="truncated GGUF header"):
+        GGUFFile(write_bytes(tmp_path, data[:cut - 2]))

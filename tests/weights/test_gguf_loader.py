@@ -9,6 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
+from specserve.weights.gguf_file import LAZY_STRINGS
 from specserve.weights.loader import load_model
 from tests import tiny
 from tests.slots import new_cache as slot_cache
@@ -59,6 +60,26 @@ def test_gguf_tokenizer_and_template_come_from_the_file(tmp_path):
     assert m.tokenizer.eos_token_ids == frozenset({2})
     text = m.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_pair_with_one_vocabulary_builds_its_tokenizer_once(tmp_path):
+    """A vocabulary long enough to be read lazily (`LAZY_STRINGS`) is named by its bytes: a
+    second model with the same one (a draft beside its target) reuses the first's tokenizer
+    backend; another vocabulary builds its own."""
+    vocab = LAZY_STRINGS + 4
+    loaded = []
+    for i, size in enumerate([vocab, vocab, vocab + 1]):
+        hf_model = tiny.build_hf_model("qwen2", seed=i, vocab=size, hidden_size=64,
+                                       intermediate_size=128)
+        path, _ = tiny.write_gguf_pair(hf_model, "qwen2", {"default": T.F32},
+                                       tmp_path / f"m{i}.gguf", tmp_path / f"hf{i}")
+        loaded.append(load_model(path, "float32", weights="float32"))
+    first, second, other = (m.tokenizer for m in loaded)
+    assert second.backend is first.backend and other.backend is not first.backend
+    for tok in (first, second, other):
+        assert tok.decode(tok.encode("the cat")) == "the cat"
+        assert tok.eos_token_ids == frozenset({2}) and tok.special_tokens["eos_token"] == "</s>"
+    assert other.vocab_size == first.vocab_size + 1
 
 
 def test_unsupported_architecture_is_refused_by_name(tmp_path):
