@@ -277,7 +277,8 @@ static inline __attribute__((always_inline)) void lanes_rows(
     }
     for (int64_t s = 0; s < ns; s++) {
         for (int half = 0; half < 2; half++) {
-            const int64_t at = 8 * half;  /* the half's first lane */            __m256i isum[LR];
+            const int64_t at = 8 * half;  /* the half's first lane */
+            __m256i isum[LR];
             for (int r = 0; r < nr; r++) isum[r] = _mm256_setzero_si256();
             for (int64_t b = s * per; b < (s + 1) * per; b++) {
                 const uint8_t *q = w->qs + b * 256 + 4 * at;
