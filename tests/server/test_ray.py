@@ -27,7 +27,7 @@ import pytest
 from specserve.engine.outputs import EngineStats
 from specserve.engine.async_engine import EngineDead, EngineError
 from specserve.server.replicas.deployment import Failure
-from specserve.server.replicas.pool import ReplicaPool, merge_stats
+from specserve.server.replicas.pool import ReplicaPool, merge_stats, prefer
 from specserve.server.replicas.prefix import PrefixIndex, block_hashes
 from specserve.speculative.metrics import SpecMetrics
 from tests.server.conftest import KEY, NAME, start_server
@@ -189,6 +189,7 @@ class _Handle:
     def remote(self, *args, **kwargs):
         call = self.calls.pop(0)
         self.sent.append(call)
+        self.kwargs = kwargs
         return call
 
 
@@ -197,6 +198,7 @@ def _bare_pool(calls, timeout_s):
     pool.handle, pool.retries, pool.call_timeout_s = _Handle(calls), 1, timeout_s
     pool.index, pool.replicas, pool._closing = PrefixIndex(16), {"r0": object()}, False
     pool.routed, pool.retried, pool.failed, pool._inflight = collections.Counter(), 0, 0, {}
+    pool.busy = collections.Counter()
     return pool
 
 
@@ -218,6 +220,7 @@ def test_a_replica_that_stops_answering_mid_stream_fails_its_request_within_the_
         _drain(pool)
     assert time.monotonic() - t0 < 5
     assert hung.cancelled and pool.failed == 1 and pool.retried == 0 and not pool._inflight
+    assert not pool.busy
 
 
 def test_a_replica_silent_before_its_first_delta_is_timed_out_and_the_request_sent_again():
@@ -228,7 +231,47 @@ def test_a_replica_silent_before_its_first_delta_is_timed_out_and_the_request_se
     items = _drain(pool)
     assert len(items) == 2 and items[-1].finished
     assert silent.cancelled and not answer.cancelled
-    assert pool.retried == 1 and pool.failed == 0 and pool.routed["r0"] == 1
+    assert pool.retried == 1 and pool.failed == 0 and pool.routed["r0"] == 1 and not pool.busy
+
+
+@pytest.mark.parametrize("busy, alive, wanted", [
+    ({}, {"r0", "r1"}, "r0"),
+    ({"r0": 4}, {"r0", "r1"}, "r0"),  # IMBALANCE beyond the idle one: still preferred
+    ({"r0": 5}, {"r0", "r1"}, None),  # one more: any replica
+    ({"r0": 7, "r1": 3}, {"r0", "r1"}, "r0"),
+    ({"r0": 5, "r2": 0}, {"r0"}, "r0"),  # only live replicas set the least
+])
+def test_the_prefix_holder_is_preferred_unless_much_busier_than_the_least_busy(busy, alive, wanted):
+    assert prefer("r0", collections.Counter(busy), alive) == wanted
+    assert prefer(None, collections.Counter(busy), alive) is None
+
+
+def test_a_request_counts_against_one_replica_until_it_ends():
+    """Sent preferring the prefix's holder, it counts there; its first delta moves the count to
+    the replica that took it; its end clears it. (Ray's queue-length cache, which the router
+    weighed before, kept a burst's counts for seconds after it ended.)"""
+    done = _Delta()
+    done.finished = True
+    seen = []
+
+    class _Seen(_Call):
+        async def _gen(self):
+            seen.append(dict(pool.busy))  # sent, no delta yet
+            yield "r1", _Delta()  # r0 was full: Ray's router sent it to r1
+            seen.append(dict(pool.busy))
+            yield "r1", done
+
+    pool = _bare_pool([_Seen([])], timeout_s=5)
+    pool.replicas = {"r0": object(), "r1": object()}
+    prompt = list(range(40))
+    pool.index.record(prompt, "r0")
+
+    async def go():
+        return [item async for item in pool.stream(prompt, None)]
+
+    assert len(asyncio.run(go())) == 2
+    assert pool.handle.kwargs["preferred_replica"] == "r0"
+    assert seen == [{"r0": 1}, {"r1": 1}] and not pool.busy
 
 
 # ----------------------------------------------------------------------------- the replicated endpoint

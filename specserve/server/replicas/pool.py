@@ -2,8 +2,11 @@
 N Ray Serve engine replicas, so `build_app` serves them as it serves one `AsyncEngine`.
 
 - stream: one streaming DeploymentHandle call per request, naming the replica that holds the
-  longest recorded prefix of the prompt (`prefix.py`) when it covers at least half of it; Ray
-  Serve's router (`router.py`) picks the replica. When the call fails in Ray (the replica died,
+  longest recorded prefix of the prompt (`prefix.py`) when it covers at least half of it and
+  that replica has no more than `IMBALANCE` requests beyond the least busy live replica (counted
+  here, exactly: a request counts against the replica it was sent to prefer until its first
+  delta names the one that took it, then against that one until it ends); Ray Serve's router
+  (`router.py`) sends it there unless that replica's queue is full. When the call fails in Ray (the replica died,
   became unreachable) before any delta came back, it is sent again, once, to whichever replica
   the router picks; after that, or once deltas were streamed, the request ends with an
   EngineError naming the replica (the app turns it into a 500 `engine_error`, in the stream when
@@ -43,6 +46,7 @@ log = logging.getLogger("specserve.server")
 REFRESH_S = 0.5
 STALE_S = 3.0
 MIN_AFFINITY = 0.5  # the held prefix must cover at least this fraction of the prompt
+IMBALANCE = 4  # requests the preferred replica may have beyond the least busy one
 CANCEL_GRACE_S = 2.0  # after the drain timeout, how long replicas get to send their "abort" deltas
 CALL_TIMEOUT_S = 120.0  # the longest a call may go without a delta (a request waits for a slot)
 
@@ -55,6 +59,7 @@ class ReplicaPool:
         self.index = PrefixIndex(block)
         self.replicas: dict[str, ReplicaInfo] = {}  # latest post per live replica
         self.routed: collections.Counter[str] = collections.Counter()  # requests each replica took
+        self.busy: collections.Counter[str] = collections.Counter()  # requests in flight by replica
         self.retried = 0  # requests sent again after their replica failed before streaming
         self.failed = 0  # requests ended with an error because their replica failed
         self._inflight: dict[str, object] = {}  # request id -> DeploymentResponseGenerator
@@ -78,6 +83,9 @@ class ReplicaPool:
                 prompt, params, request_id, speculation, preferred_replica=preferred)
             self._inflight[request_id] = call
             replica, received, finished = None, False, False
+            holder = preferred  # the replica this request counts against in `busy`
+            if holder is not None:
+                self.busy[holder] += 1
             try:
                 async for replica, item in _within(self.call_timeout_s, call):
                     if isinstance(item, Failure):
@@ -85,6 +93,7 @@ class ReplicaPool:
                     if not received:
                         received = True
                         self.routed[replica] += 1
+                        holder = self._move_busy(holder, replica)
                     if item.finished:
                         finished = True
                         self._remember(prompt, replica, item)
@@ -106,6 +115,7 @@ class ReplicaPool:
                             request_id, type(e).__name__)
             finally:
                 self._inflight.pop(request_id, None)
+                self._move_busy(holder, None)
                 if not finished:
                     call.cancel()
 
@@ -147,7 +157,19 @@ class ReplicaPool:
         if not isinstance(prompt, list) or not prompt:
             return None
         match = self.index.lookup(prompt, alive=set(self.replicas))
-        return match.replica if match.tokens >= MIN_AFFINITY * len(prompt) else None
+        if match.tokens < MIN_AFFINITY * len(prompt):
+            return None
+        return prefer(match.replica, self.busy, set(self.replicas))
+
+    def _move_busy(self, holder: str | None, to: str | None) -> str | None:
+        """Move a request's count in `busy` from `holder` to `to` (None: nowhere)."""
+        if holder is not None:
+            self.busy[holder] -= 1
+            if self.busy[holder] <= 0:
+                del self.busy[holder]
+        if to is not None:
+            self.busy[to] += 1
+        return to
 
     def _remember(self, prompt, replica: str, delta) -> None:
         if isinstance(prompt, list) and delta.output is not None and delta.output.outputs:
@@ -169,6 +191,16 @@ class ReplicaPool:
                 self._refresh()
             except Exception as e:  # noqa: BLE001 - keep the last figures; retry next period
                 log.debug("replica stats refresh failed: %r", e)
+
+
+def prefer(replica: str | None, busy: collections.Counter, alive: set[str],
+           imbalance: int = IMBALANCE) -> str | None:
+    """`replica` (the one holding the prompt's prefix) unless it has more than `imbalance`
+    requests in flight beyond the least busy live replica: then None (any replica)."""
+    if replica is None:
+        return None
+    least = min((busy[r] for r in alive), default=0)
+    return replica if busy[replica] - least <= imbalance else None
 
 
 def merge_stats(parts: list[EngineStats]) -> EngineStats:
