@@ -238,7 +238,8 @@ def _byte_alphabet() -> set[str]:
 
 
 def from_gguf_metadata(meta: dict) -> Tokenizer:
-    """Build the tokenizer from GGUF `tokenizer.*` metadata (already decoded to Python values)."""
+    """Build the tokenizer from GGUF `tokenizer.*` metadata (`gguf_loader.read_metadata`'s
+    values); a backend built before from the same vocabulary bytes is reused (`_BACKENDS`)."""
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")

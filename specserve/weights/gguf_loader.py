@@ -61,7 +61,8 @@ def open_gguf(path: Path) -> GGUFFile:
 
 
 def read_metadata(gguf_file: GGUFFile) -> dict:
-    """All key/value fields as Python values (strings, numbers, lists)."""
+    """All key/value fields as Python values (strings, numbers, lists; a long string array,
+    such as the vocabulary, as a `gguf_file.StringArray`: a sequence read on first use)."""
     return dict(gguf_file.metadata)
 
 
