@@ -22,11 +22,11 @@ COLORS = {"plain": "\x1b[0m", "accepted": "\x1b[32m", "recovered": "\x1b[33m", "
 def trace(session, spec: dict | None, show: bool) -> dict:
     llm = LLM("qwen2.5-coder-1.5b", speculative_config=spec, enable_prefix_caching=True,
               max_model_len=4096)
-    tok, turns = llm.tokenizer, []
-    for text in session.turns:  # the shipped sessions carry no history (each turn stands alone)
-        messages = [{"role": "system", "content": session.system}, {"role": "user", "content": text}]
-        ids = tok.encode(tok.apply_chat_template(messages))
+    tok, turns, answers = llm.tokenizer, [], []
+    for turn in range(len(session.turns)):  # as `specserve bench` runs a session
+        ids = tok.encode(tok.apply_chat_template(session.messages(turn, answers)))
         out = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=256))[0].outputs[0]
+        answers.append(out.text)
         spec_stats = out.spec.as_dict() if out.spec else {}
         turns.append({"prompt_tokens": len(ids), "output_tokens": out.num_output_tokens,
                       "ttft_s": round(out.ttft, 3), "decode_s": round(out.decode_time, 3),
@@ -45,8 +45,6 @@ def main() -> None:
     p.add_argument("--show", action="store_true")
     args = p.parse_args()
     session = load_session(args.session)
-    if session.history:
-        raise SystemExit(f"{args.session} carries its history: use `specserve bench` for it")
     result = {"session": args.session,
               "default": trace(session, {"method": "hybrid", "num_speculative_tokens": -1}, args.show),
               "no_speculation": trace(session, None, False)}

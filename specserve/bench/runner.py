@@ -87,21 +87,10 @@ class Bench:
         """The request's token ids (a session's: its first request's)."""
         tok = self.target.tokenizer
         if isinstance(text, Session):
-            return tok.encode(tok.apply_chat_template(self._messages(text, 0, [])))
+            return tok.encode(tok.apply_chat_template(text.messages(0, [])))
         if self.opt.chat and tok.chat_template:
             text = tok.apply_chat_template([{"role": "user", "content": text}])
         return tok.encode(text)
-
-    @staticmethod
-    def _messages(session: Session, turn: int, answers: list[str]) -> list[dict]:
-        """The chat of a session's request `turn` (with the earlier turns and `answers` when the
-        session carries its history)."""
-        messages = [{"role": "system", "content": session.system}]
-        if session.history:
-            for user, answer in zip(session.turns[:turn], answers):
-                messages += [{"role": "user", "content": user},
-                             {"role": "assistant", "content": answer}]
-        return messages + [{"role": "user", "content": session.turns[turn]}]
 
     def _llm(self, cfg: BenchConfig, prompt_len: int, session: bool = False) -> LLM:
         spec = None
@@ -164,7 +153,7 @@ class Bench:
         answers, outs = [], []
         tok = self.target.tokenizer
         for turn in range(len(session.turns)):
-            ids = tok.encode(tok.apply_chat_template(self._messages(session, turn, answers)))
+            ids = tok.encode(tok.apply_chat_template(session.messages(turn, answers)))
             params = SamplingParams(temperature=temperature, max_tokens=self.opt.max_tokens,
                                     seed=seed)
             out = llm.generate(ids, params)[0].outputs[0]

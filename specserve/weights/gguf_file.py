@@ -25,9 +25,9 @@ import hashlib
 import mmap
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 

@@ -144,3 +144,16 @@ def test_the_sessions_load_and_repeat_what_drafting_from_earlier_outputs_needs()
     assert chat.history and len(chat.turns) >= 3 and "def parse_duration" in chat.turns[0]
     with pytest.raises(ValueError, match="session must be one of"):
         workloads.load_session("poetry")
+
+
+def test_a_sessions_request_carries_the_earlier_turns_only_with_history():
+    turns = ("first?", "second?", "third?")
+    with_history = workloads.Session("sys", turns, True)
+    assert with_history.messages(2, ["a1", "a2"]) == [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "first?"}, {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "second?"}, {"role": "assistant", "content": "a2"},
+        {"role": "user", "content": "third?"}]
+    alone = workloads.Session("sys", turns, False)
+    assert alone.messages(2, ["a1", "a2"]) == [{"role": "system", "content": "sys"},
+                                               {"role": "user", "content": "third?"}]

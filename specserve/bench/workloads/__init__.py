@@ -34,6 +34,16 @@ class Session:
     turns: tuple[str, ...]
     history: bool
 
+    def messages(self, turn: int, answers: list[str]) -> list[dict]:
+        """The chat of request `turn` (with the earlier turns and `answers` to them when the
+        session carries its history)."""
+        messages = [{"role": "system", "content": self.system}]
+        if self.history:
+            for user, answer in zip(self.turns[:turn], answers):
+                messages += [{"role": "user", "content": user},
+                             {"role": "assistant", "content": answer}]
+        return messages + [{"role": "user", "content": self.turns[turn]}]
+
 
 def sessions() -> tuple[str, ...]:
     """The shipped sessions' names, sorted."""

@@ -6,11 +6,11 @@ N Ray Serve engine replicas, so `build_app` serves them as it serves one `AsyncE
   that replica has no more than `IMBALANCE` requests beyond the least busy live replica (counted
   here, exactly: a request counts against the replica it was sent to prefer until its first
   delta names the one that took it, then against that one until it ends); Ray Serve's router
-  (`router.py`) sends it there unless that replica's queue is full. When the call fails in Ray (the replica died,
-  became unreachable) before any delta came back, it is sent again, once, to whichever replica
-  the router picks; after that, or once deltas were streamed, the request ends with an
-  EngineError naming the replica (the app turns it into a 500 `engine_error`, in the stream when
-  streaming).
+  (`router.py`) sends it there unless that replica's queue is full. When the call fails in Ray
+  (the replica died, became unreachable) before any delta came back, it is sent again, once, to
+  whichever replica the router picks; after that, or once deltas were streamed, the request
+  ends with an EngineError naming the replica (the app turns it into a 500 `engine_error`, in
+  the stream when streaming).
 - a call that sends nothing for `call_timeout_s` (the replica stopped answering) counts as a
   failure in Ray: cancelled, and sent again if nothing had been streamed.
 - no live replica (none posted to the board within `stale_s`): `dead_reason` says so, `/health`

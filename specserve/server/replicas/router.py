@@ -4,8 +4,8 @@ queue is full; otherwise Ray's power of two choices (two random replicas, the sh
 
 The pool (`pool.py`) knows prompts, which replica served what and how many requests each has in
 flight, so it weighs the prefix against load and names the replica; this router does not weigh
-them again from Ray's queue-length cache, whose figures can be seconds old (a burst's counts
-outlive it), which once sent a conversation's next turn away from its prefix. Ray's router
+them again from Ray's queue-length cache, whose figures it trusts for seconds (the likely reason a
+conversation's next turn once went away from its prefix right after a burst). Ray's router
 probes the ranks in order and skips replicas whose queue is full (`max_ongoing_requests`), so a
 full preferred replica falls through to the next rank.
 """
