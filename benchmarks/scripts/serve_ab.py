@@ -70,7 +70,7 @@ def stream(port: int, text: str, args, api_key: str | None) -> dict:
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"port {port}: HTTP {resp.status}: {resp.read()[:300]!r}")
-    ttft, tokens, pieces = None, 0, 0
+    ttft, tokens, pieces, stats = None, 0, 0, None
     for line in resp:
         line = line.strip()
         if not line.startswith(b"data:") or line == b"data: [DONE]":
@@ -83,8 +83,14 @@ def stream(port: int, text: str, args, api_key: str | None) -> dict:
                     ttft = time.perf_counter() - t0
         if event.get("usage"):
             tokens = event["usage"]["completion_tokens"]
+        if event.get("speculative_stats"):
+            stats = event["speculative_stats"]
     conn.close()
-    return {"tokens": tokens or pieces, "ttft_s": ttft, "e2e_s": time.perf_counter() - t0}
+    out = {"tokens": tokens or pieces, "ttft_s": ttft, "e2e_s": time.perf_counter() - t0}
+    if stats and stats.get("enabled"):  # what each source drafted and why rounds sat idle
+        out["speculation"] = {key: stats.get(key) for key in ("rounds", "drafted", "accepted",
+                                                                "by_source", "idle_rounds")}
+    return out
 
 
 def run_round(port: int, texts: list[str], args, api_key: str | None, clients: int) -> dict:
