@@ -115,9 +115,10 @@ _Static_assert(GROUP(4) <= LR && GROUP(6) <= LR, "a group of rows is one pass of
 #define FR 4               /* float kernel: rows per tile */
 #define PREFILL_ROWS 32    /* path 0: from this many rows on, the prefill tiles */
 
-/* x [k] float → qa [k] int8, da [k/sb], bs [k/32] = Σqa (block) for one row. */
+/* x [k] float → qa [k] int8, da [k/sb], bs [k/32] = Σqa (block, as int16: |Σqa| ≤ 32·127)
+ * for one row. */
 static void quantize_row(const float *x, int64_t k, int64_t sb, int8_t *qa, float *da,
-                         int32_t *bs) {
+                         int16_t *bs) {
     const int64_t ns = k / sb, per = sb / QK;
     for (int64_t s = 0; s < ns; s++) {
         const float *src = x + s * sb;
@@ -150,7 +151,7 @@ static void quantize_row(const float *x, int64_t k, int64_t sb, int8_t *qa, floa
                                        _mm256_extracti128_si256(s16, 1));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
             s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-            bs[s * per + b] = _mm_cvtsi128_si32(s4);
+            bs[s * per + b] = (int16_t)_mm_cvtsi128_si32(s4);
         }
     }
 }
@@ -161,10 +162,14 @@ static inline int32_t four_bytes(const int8_t *p) {  /* 4 activation bytes as on
     return v;
 }
 
-/* Two blocks' activation sums, bs[0] and bs[1] (each |bs| ≤ 32·127), as the int16 pair of an
- * int32, for vpmaddwd / vpdpwssd against the pairs of `mins_pairs`. */
-static inline int32_t bs_pair(const int32_t *bs) {
-    return (int32_t)((uint32_t)(uint16_t)bs[0] | ((uint32_t)(uint16_t)bs[1] << 16));
+/* Two blocks' activation sums, bs[0] and bs[1], as the int16 pair of an int32 (bs[0] low),
+ * for vpmaddwd / vpdpwssd against the pairs of the blocks' mins: read straight from memory,
+ * so the broadcast is a load (built in general registers and moved across, the pairs of the
+ * super-block's closing step took 15-20% of a many-row pass on Zen 4). */
+static inline int32_t bs_pair(const int16_t *bs) {
+    int32_t v;
+    memcpy(&v, bs, 4);
+    return v;
 }
 
 /* ---- 4- and 6-bit weights: one tile of 16 outputs × nr rows ---- */
@@ -188,7 +193,7 @@ static inline __m512i field_to_top(__m512i h, int g) {
  * are constants after inlining. */
 static inline __attribute__((always_inline)) void lanes_rows(
     int bits, const lanes_t *w, int64_t k, int64_t sb, const int8_t *qa, const float *da,
-    const int32_t *bs, int nr, float *yt) {
+    const int16_t *bs, int nr, float *yt) {
     const int64_t nb = k / QK, ns = k / sb, per = sb / QK;
     const __m512i mask = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
     /* y (each row's 16 outputs) lives in yt, updated once per super-block: the registers
@@ -268,7 +273,7 @@ static inline __m256i field_to_top(__m256i h, int g) {  /* as the AVX-512 one */
  * the first half fetches ahead is one super-block's compute, not a whole tile's. */
 static inline __attribute__((always_inline)) void lanes_rows(
     int bits, const lanes_t *w, int64_t k, int64_t sb, const int8_t *qa, const float *da,
-    const int32_t *bs, int nr, float *yt) {
+    const int16_t *bs, int nr, float *yt) {
     const int64_t nb = k / QK, ns = k / sb, per = sb / QK;
     const __m256i mask = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
     for (int r = 0; r < nr; r++) {
@@ -349,7 +354,7 @@ static inline __attribute__((always_inline)) void lanes_rows(
 /* `bits` as a compile-time constant in each copy of lanes_rows. */
 static inline __attribute__((always_inline)) void lanes_of(
     int bits, const lanes_t *w, int64_t k, int64_t sb, const int8_t *qa, const float *da,
-    const int32_t *bs, int nr, float *yt) {
+    const int16_t *bs, int nr, float *yt) {
     if (bits == 4) lanes_rows(4, w, k, sb, qa, da, bs, nr, yt);
     else lanes_rows(6, w, k, sb, qa, da, bs, nr, yt);
 }
@@ -360,7 +365,7 @@ static inline __attribute__((always_inline)) void lanes_of(
  * written into y [rows, n]. */
 static void lanes_tile(int bits, const uint8_t *qs, const uint8_t *qh, const uint8_t *sc,
                        const int8_t *mins, const float *dsup, const float *dmin, int64_t k,
-                       int64_t sb, const int8_t *qa, const float *da, const int32_t *bs,
+                       int64_t sb, const int8_t *qa, const float *da, const int16_t *bs,
                        int64_t rows, int64_t n, int64_t t, float *y) {
     const int64_t nb = k / QK, ns = k / sb;
     const lanes_t w = {qs + t * nb * 256, bits == 6 ? qh + t * nb * 128 : NULL,
@@ -373,7 +378,7 @@ static void lanes_tile(int bits, const uint8_t *qs, const uint8_t *qh, const uin
         const int nr = rows - r < group ? (int)(rows - r) : (int)group;
         const int8_t *a = qa + r * k;
         const float *d = da + r * ns;
-        const int32_t *s = bs + r * nb;
+        const int16_t *s = bs + r * nb;
         switch (nr) {  /* constant row counts, so the accumulators live in registers */
             LANES_CASE(1) LANES_CASE(2) LANES_CASE(3) LANES_CASE(4) LANES_CASE(5)
             LANES_CASE(6) LANES_CASE(7) LANES_CASE(8)
@@ -670,7 +675,7 @@ static int matmul8(const uint8_t *qs, const int16_t *sc16, const float *dsup, in
 typedef struct {
     int8_t *qa, *qu;  /* [rows, k]: int8; + 128 (8-bit prefill tiles only, else NULL) */
     float *da, *dat;  /* [rows, ns]; transposed [ns, stride] (8 bits only, else NULL) */
-    int32_t *bs;      /* [rows, nb] */
+    int16_t *bs;      /* [rows, nb] */
     int64_t stride;
     int no_memory;
 } act_t;
@@ -681,7 +686,7 @@ static act_t act_alloc(int lanes, int tiles8, int64_t rows, int64_t k, int64_t n
     a.qa = aligned_alloc(64, act_bytes);
     a.qu = tiles8 ? aligned_alloc(64, act_bytes) : NULL;
     a.da = malloc(sizeof(float) * (size_t)(rows * ns + 1));
-    a.bs = malloc(sizeof(int32_t) * (size_t)(rows * nb + 1));
+    a.bs = malloc(sizeof(int16_t) * (size_t)(rows * nb + 2));
     a.stride = (rows + 7) / 8 * 8 + 8;  /* rows of dat, padded: 8 lanes read */
     a.dat = lanes ? NULL : calloc((size_t)(ns * a.stride), sizeof(float));
     a.no_memory = !a.qa || !a.da || !a.bs || (!lanes && !a.dat) || (tiles8 && !a.qu);
