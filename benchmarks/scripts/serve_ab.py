@@ -139,6 +139,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--queue", type=int, default=0,
                    help="a round is this many prompts through the clients, each client sending "
                         "its next as soon as its reply ends (0: one prompt per client at once)")
+    p.add_argument("--offset", type=int, default=0,
+                   help="mixed, stories: start this far into the pool (a run against servers that "
+                        "served an earlier one: the default's shared suffix cache holds the "
+                        "answers to the pool's first prompts and would draft them back)")
     p.add_argument("--out", default=None, help="write every round here (JSON)")
     args = p.parse_args(argv)
     ports = [int(x) for x in args.ports.split(",")]
@@ -148,13 +152,14 @@ def main(argv: list[str] | None = None) -> None:
     names, texts = [n for n, _ in pool], [t for _, t in pool]
     per_round = args.queue or args.clients
     distinct = args.prompts in ("mixed", "stories")
-    if distinct and (args.rounds + 1) * per_round > len(pool):
-        p.error(f"{args.prompts}: {len(pool)} distinct prompts, fewer than (rounds + 1) x the round's")
+    if distinct and args.offset + (args.rounds + 1) * per_round > len(pool):
+        p.error(f"{args.prompts}: {len(pool)} distinct prompts, fewer than the offset + "
+                f"(rounds + 1) x the round's")
     rounds = {port: [] for port in ports}
     for r in range(args.rounds + 1):  # round 0: warm-up
         order = ports[r % len(ports):] + ports[:r % len(ports)]
         for side in order:
-            at = r * per_round if distinct else r  # mixed, stories: never repeated
+            at = args.offset + r * per_round if distinct else r  # mixed, stories: never repeated
             batch = [f"[{time.time_ns()}-{i}] " + texts[(at + i) % len(texts)]
                      for i in range(per_round)]
             res = run_round(side, batch, args, keys[ports.index(side)] or None, args.clients)
@@ -165,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"round {r} {labels[ports.index(side)]}: {res['tokens_per_s']:.2f} tok/s, "
                   f"ttft {[round(q['ttft_s'] or 0, 2) for q in res['requests']]}", flush=True)
     ref = rounds[ports[0]]
-    summary = {"clients": args.clients, "queue": args.queue, "max_tokens": args.max_tokens,
+    summary = {"clients": args.clients, "queue": args.queue, "offset": args.offset,
+               "max_tokens": args.max_tokens,
                "temperature": args.temperature, "rounds": args.rounds, "servers": {}}
     for label, port in zip(labels, ports):
         ratios = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(rounds[port], ref)]
