@@ -39,11 +39,39 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specserve.engine.config import EngineConfig
-from specserve.hub.registry import DEFAULT_TARGET
+from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.flags import add_flags, build, flag_errors, given
 from specserve.options import flag_name
 from specserve.speculative.config import SpeculativeConfig
 from specserve.weights.config import LoadConfig
+
+COST_AWARE = -1  # num_speculative_tokens: the cost-aware policy chooses k each round
+
+
+class _PairDefault:
+    """`LLM(...)`'s `speculative_config` when none is given (see `default_speculation`)."""
+
+    def __repr__(self) -> str:
+        return "<the default pair's speculation>"
+
+
+PAIR_DEFAULT = _PairDefault()
+
+
+def hybrid_speculation(draft: str = DEFAULT_DRAFT) -> dict:
+    """Hybrid speculation with `draft`, cost-aware k: the default pair's (serve's and
+    generate's default, and `LLM(...)`'s for the default target)."""
+    return {"method": "hybrid", "model": draft, "num_speculative_tokens": COST_AWARE}
+
+
+def default_speculation(model: object) -> dict | None:
+    """`LLM(...)`'s speculation when `speculative_config` is not given: the default pair's
+    (`hybrid_speculation`) for the default target named by its alias, none for any other
+    model (as in vLLM, speculation for another model is asked for; `serve` and `generate`
+    decide for any model, see `server/default_speculation.py`). An explicit
+    `speculative_config=None` is plain decoding."""
+    return hybrid_speculation() if isinstance(model, str) and model == DEFAULT_TARGET else None
+
 
 JSON_EXAMPLE = '\'{"method": "draft_model", "model": "qwen2.5-coder-0.5b", "num_speculative_tokens": 4}\''
 
@@ -63,11 +91,14 @@ class LLMConfig:
                              f"got {self.speculative!r}")
 
     @classmethod
-    def from_kwargs(cls, model=DEFAULT_TARGET, dtype="auto", speculative_config=None,
+    def from_kwargs(cls, model=DEFAULT_TARGET, dtype="auto", speculative_config=PAIR_DEFAULT,
                     weights="auto", **engine: object) -> LLMConfig:
         """The tree for `LLM(...)`'s keyword arguments: `model`, `dtype`, `weights`, the
-        `speculative_config` (a dict, a SpeculativeConfig or None) and any `EngineConfig`
+        `speculative_config` (a dict, a SpeculativeConfig, None for none, or not given: the
+        default pair's for the default target, `default_speculation`) and any `EngineConfig`
         field (`max_num_seqs`, `max_model_len`, ...)."""
+        if speculative_config is PAIR_DEFAULT:
+            speculative_config = default_speculation(model)
         known = {f.name for f in dataclasses.fields(EngineConfig)}
         for name in engine:
             if name not in known:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.calibration import calibrate
-from specserve.config import LLMConfig
+from specserve.config import PAIR_DEFAULT, LLMConfig
 from specserve.engine.config import EngineConfig
 from specserve.engine.engine import LLMEngine
 from specserve.engine.outputs import RequestOutput
@@ -35,10 +35,13 @@ from specserve.speculative.draft_head import restricted_head
 
 class LLM:
     """E.g. `LLM("qwen2.5-coder-1.5b", speculative_config={"method": "draft_model",
-    "model": "qwen2.5-coder-0.5b", "num_speculative_tokens": 4})`."""
+    "model": "qwen2.5-coder-0.5b", "num_speculative_tokens": 4})`. `LLM()` (the default
+    target, no `speculative_config`) speculates as `serve` does with the default pair:
+    hybrid with the default draft, cost-aware k; `speculative_config=None` decodes plainly,
+    and another model speculates only when asked (`config.default_speculation`)."""
 
     def __init__(self, model: str | Path | LoadedModel = DEFAULT_TARGET, dtype: str = "auto",
-                 speculative_config: dict | SpeculativeConfig | None = None, *,
+                 speculative_config: dict | SpeculativeConfig | None = PAIR_DEFAULT, *,
                  draft: LoadedModel | None = None, weights: str = "auto",
                  defer_startup: bool = False, **engine_options: object) -> None:
         """`engine_options`: any `EngineConfig` field by name (`max_num_seqs=8`,

@@ -5,12 +5,14 @@ flag, and the speculation flags compose as documented in `specserve.config`."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 
 from specserve.bench.runner import BenchOptions
 from specserve.cli import GENERATE_SAMPLING, SAMPLING_EXCLUDED, build_parser, sampling_params
-from specserve.config import LLMConfig
+from specserve.config import PAIR_DEFAULT, LLMConfig
+from specserve.llm import LLM
 from specserve.engine.config import EngineConfig
 from specserve.flags import build
 from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -143,6 +145,18 @@ def test_no_flags_give_the_python_api_defaults_and_the_command_defaults(monkeypa
     assert build(BenchOptions, parse("bench")) == BenchOptions()
     args = parse("demo")
     assert (args.draft_model, args.num_speculative_tokens, args.max_tokens) == (DEFAULT_DRAFT, -1, 160)
+
+
+def test_the_python_api_speculates_by_default_only_for_the_default_pair():
+    """`LLM()` is the default pair with serve's speculation; an explicit None is plain
+    decoding, and another model speculates only when asked (as in vLLM)."""
+    pair = SpeculativeConfig.from_dict({"method": "hybrid", "model": DEFAULT_DRAFT,
+                                         "num_speculative_tokens": -1})
+    assert LLMConfig.from_kwargs().speculative == pair
+    assert LLMConfig.from_kwargs(DEFAULT_TARGET).speculative == pair
+    assert LLMConfig.from_kwargs(DEFAULT_TARGET, speculative_config=None).speculative is None
+    assert LLMConfig.from_kwargs("some/model.gguf").speculative is None
+    assert inspect.signature(LLM).parameters["speculative_config"].default is PAIR_DEFAULT
 
 
 def test_the_public_flag_names_stay():

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specserve.config import COST_AWARE, hybrid_speculation
 from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from specserve.models import tokenizer as tok
 from specserve.models.tokenizer import Tokenizer
 
-COST_AWARE = -1  # num_speculative_tokens: the cost-aware policy chooses k each round
-
 
 def decide(target: str | Path, draft: str = DEFAULT_DRAFT) -> tuple[dict, str]:
     """(speculative config, one-line reason) for serving `target` with no speculation flag."""
-    with_draft = {"method": "hybrid", "model": draft, "num_speculative_tokens": COST_AWARE}
+    with_draft = hybrid_speculation(draft)
     if str(target) == DEFAULT_TARGET:
         return with_draft, (f"speculation: hybrid, suffix drafting and draft model {draft} "
                             "(the default pair), cost-aware")
