@@ -65,7 +65,7 @@ class CostAwarePolicy:
     __slots__ = (
         "cost", "max_k", "window", "probe_every", "probe_cap", "probe_k", "prior_mean",
         "prior_strength", "margin", "histogram", "_rounds", "_tried", "_accepted", "_speculating",
-        "_idle", "_probe_interval", "_probing",
+        "_idle", "_probe_interval", "_probing", "_alphas",
     )  # fmt: skip
 
     def __init__(
@@ -103,10 +103,15 @@ class CostAwarePolicy:
         self._idle = 0  # rounds at k = 0 since speculation stopped or the last probe
         self._probe_interval = probe_every
         self._probing = False
+        self._alphas: dict[float, list[float]] = {}  # optimism → acceptance(), until a count moves
 
     def acceptance(self, optimism: float = 0.0) -> list[float]:
         """[max_k] estimated α_i = P(draft i accepted | drafts < i accepted), i = 1..max_k,
-        each raised by `optimism` posterior standard deviations (capped at 1)."""
+        each raised by `optimism` posterior standard deviations (capped at 1). Kept until
+        the counts move: the planner asks every round, for every sequence not drafting."""
+        cached = self._alphas.get(optimism)
+        if cached is not None:
+            return list(cached)
         strength = self.prior_strength
         pooled = (sum(self._accepted) + strength * self.prior_mean) / (sum(self._tried) + strength)
         alphas = []
@@ -114,7 +119,8 @@ class CostAwarePolicy:
             mean = (accepted + strength * pooled) / (tried + strength)
             spread = math.sqrt(mean * (1.0 - mean) / (tried + strength + 1.0))
             alphas.append(min(1.0, max(0.0, mean + optimism * spread)))
-        return alphas
+        self._alphas[optimism] = alphas
+        return list(alphas)
 
     def best_k(self, limit: int, optimism: float = 0.0) -> int:
         """argmax over k in 0..min(limit, max_k) of E(k) / T(k); ties go to the smaller k, and
@@ -196,6 +202,7 @@ class CostAwarePolicy:
         self._count(proposed, accepted, sign=1)
 
     def _count(self, proposed: int, accepted: int, sign: int) -> None:
+        self._alphas.clear()
         for i in range(1, min(accepted + 1, proposed) + 1):
             self._tried[i] += sign
         for i in range(1, accepted + 1):

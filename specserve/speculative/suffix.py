@@ -197,25 +197,28 @@ def _self_matches(arr: np.ndarray, max_match: int) -> tuple[int, np.ndarray]:
 def vote(continuations: list[np.ndarray], max_draft: int, min_confidence: float
          ) -> tuple[list[int], list[float]]:
     """The voted draft over `continuations` (most recent first) and each position's share."""
-    alive = list(range(len(continuations)))
+    alive = [c[:max_draft].tolist() for c in continuations]  # lists: a vote reads each once
     tokens: list[int] = []
     confidence: list[float] = []
     reach = 1.0
     for i in range(max_draft):
-        alive = [c for c in alive if len(continuations[c]) > i]
+        alive = [c for c in alive if len(c) > i]
         if not alive:
             break
-        counts = Counter(int(continuations[c][i]) for c in alive)
-        top = max(counts.values())
-        token = next(int(continuations[c][i]) for c in alive
-                     if counts[int(continuations[c][i])] == top)  # ties: the most recent
+        column = [c[i] for c in alive]
+        token, top = column[0], column.count(column[0])
+        if top < len(column):  # contested: the most votes, ties to the most recent
+            counts = Counter(column)
+            top = max(counts.values())
+            token = next(t for t in column if counts[t] == top)
         share = top / len(alive)
         reach *= share
         if reach < min_confidence:
             break
         tokens.append(token)
         confidence.append(share)
-        alive = [c for c in alive if int(continuations[c][i]) == token]
+        if top < len(column):
+            alive = [c for c in alive if c[i] == token]
     return tokens, confidence
 
 
