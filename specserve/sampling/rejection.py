@@ -40,6 +40,7 @@ from specserve.sampling.round_checks import check_round, check_uniform, check_ve
 
 KINDS = ("recovered", "bonus", "none")
 CHUNK_ELEMENTS = 1 << 18  # mentored rounds measure TV over about this many row entries at a time
+CDF_BLOCK = 1024  # entries per block of the two-level inverse CDF (`_inverse_cdf`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +81,9 @@ def sample_from(probs: Tensor, uniform: float | Tensor) -> int:
     u = check_uniform(uniform, "uniform")
     if probs.dim() != 1:
         raise ValueError(f"probs must be 1-D [vocab], got shape {tuple(probs.shape)}")
-    probs = _f64(probs)  # [vocab]
     if float(probs.min()) < 0:
         raise ValueError("probs must be non-negative")
-    index = _inverse_cdf(probs, u)
+    index = _inverse_cdf(probs, u)  # sums in float64 whatever the dtype of `probs`
     if index is None:
         raise ValueError("probs must have a positive, finite total")
     return index
@@ -218,15 +218,38 @@ def _residual_mass(p: Tensor, q: Tensor) -> Tensor:
 
 
 def _inverse_cdf(probs: Tensor, u: float) -> int | None:
-    """First index whose cumulative mass exceeds u * total; None if the total is not positive."""
-    cdf = probs.cumsum(0)  # [vocab]
-    total = float(cdf[-1])
+    """First index whose float64 cumulative mass exceeds u * total; None if the total is not
+    positive and finite.
+
+    In two levels, so that a sample costs one vectorised pass over the vocabulary rather than
+    a sequential float64 cumulative sum of it (~0.2 ms at 152k tokens, per sampled token): the
+    masses of blocks of `CDF_BLOCK` entries (float64 sums) find the block, then that block's
+    own cumulative sum the index. The law is the one of a single cumulative sum; only the
+    order of the float64 additions differs, which moves an index only where u * total falls
+    within rounding (~1e-16 of the total) of a boundary. Strict comparisons at both levels
+    keep zero-mass blocks and entries unchosen.
+    """
+    n = probs.numel()
+    full = n - n % CDF_BLOCK
+    blocks = probs[:full].reshape(-1, CDF_BLOCK).sum(1, dtype=torch.float64)  # [n // B]
+    if full < n:
+        blocks = torch.cat([blocks, probs[full:].sum(dtype=torch.float64).reshape(1)])
+    ends = blocks.cumsum(0)  # [blocks]
+    total = float(ends[-1])
     if not 0.0 < total < math.inf:
         return None
-    index = int(torch.searchsorted(cdf, u * total, right=True))
-    if index == probs.numel():  # u * total rounded up to the total
-        index = int(probs.nonzero()[-1])
-    return index
+    target = u * total
+    block = int(torch.searchsorted(ends, target, right=True))
+    if block == ends.numel():  # u * total rounded up to the total: the last block with mass
+        block = int(blocks.nonzero()[-1])
+    start = block * CDF_BLOCK
+    part = probs[start:start + CDF_BLOCK]
+    before = float(ends[block - 1]) if block else 0.0
+    index = int(torch.searchsorted(part.cumsum(0, dtype=torch.float64), target - before,
+                                   right=True))
+    if index == part.numel():  # the block's own sum rounded below its mass in `ends`
+        index = int(part.nonzero()[-1])
+    return start + index
 
 
 def _draft_row(draft_probs: Tensor | None, drafts: list[int], i: int, vocab: int) -> Tensor:

@@ -486,6 +486,34 @@ def test_sample_from_never_returns_a_zero_probability_index():
             assert float(probs[sample_from(probs, u)]) > 0, (raw, u)
 
 
+@pytest.mark.parametrize("vocab", [1023, 1024, 1025, 3 * 1024, 5000, 151936])
+def test_sample_from_across_blocks_is_one_cumulative_sum(vocab):
+    """The two-level inverse CDF (block masses, then one block) picks the index a single
+    float64 cumulative sum over the vocabulary picks, wherever u * total is not within
+    rounding of a boundary; at the boundaries (block edges and empty blocks included) it never
+    picks a zero-mass index."""
+    rng = np.random.default_rng(vocab)
+    for trial in range(6):
+        raw = rng.dirichlet([0.3] * vocab) * (rng.random(vocab) < 0.6)
+        if trial % 2:  # whole blocks without mass, and mass right at a block's first entry
+            raw[1024:2048] = 0.0
+            raw[min(2048, vocab - 1)] = 0.1
+        probs = torch.tensor(raw, dtype=torch.float32 if trial % 3 else torch.float64)
+        cdf = np.cumsum(probs.double().numpy())
+        total = cdf[-1]
+        for u in rng.random(300):
+            target = u * total
+            expected = int(np.searchsorted(cdf, target, side="right"))
+            near = np.abs(cdf[max(expected - 1, 0):expected + 1] - target).min()
+            if near > 1e-12 * total:
+                assert sample_from(probs, u) == expected, (trial, u)
+        edges = cdf[1023::1024] / total  # block ends, as fractions of the total
+        for b in [*edges, *cdf[rng.integers(0, vocab, 50)] / total]:
+            for u in (b, math.nextafter(b, 0.0)):
+                if 0.0 <= u < 1.0:
+                    assert float(probs[sample_from(probs, u)]) > 0, (trial, u)
+
+
 def test_sample_from_maps_uniform_intervals_to_their_tokens():
     probs = t64([0.125, 0.0, 0.375, 0.25, 0.0, 0.25])
     grid = (np.arange(8000) + 0.5) / 8000
