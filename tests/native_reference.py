@@ -59,7 +59,9 @@ def quantize_activations(x: torch.Tensor, sb: int) -> tuple[np.ndarray, np.ndarr
     rows, k = x.shape
     xs = x.float().reshape(rows, k // sb, sb)
     amax = xs.abs().amax(-1)  # [rows, ns] float32
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))  # float32 127.0f / max
+    # float32 127.0f / max, correctly rounded: a tensor over a tensor (`127 / amax`, a Python
+    # number over a tensor, is computed another way and can differ in the last bit)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     qa = torch.round(xs * inv[..., None]).clamp(-128, 127)  # the int8 packs saturate
     return qa.reshape(rows, k).numpy().astype(np.int64), (amax / 127).numpy()
 

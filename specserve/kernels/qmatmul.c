@@ -114,6 +114,9 @@ _Static_assert(GROUP(4) <= LR && GROUP(6) <= LR, "a group of rows is one pass of
 #define ROW_BYTES 196608   /* 8 bits, AVX2 prefill: activation bytes per row block (L2) */
 #define FR 4               /* float kernel: rows per tile */
 #define PREFILL_ROWS 32    /* path 0: from this many rows on, the prefill tiles */
+#ifndef LANE_ROW_BYTES
+#define LANE_ROW_BYTES 262144 /* 4, 6 bits: activation bytes one sweep over the tiles takes */
+#endif
 
 /* x [k] float → qa [k] int8, da [k/sb], bs [k/32] = Σqa (block, as int16: |Σqa| ≤ 32·127)
  * for one row. */
@@ -699,6 +702,18 @@ static int q_args_bad(int bits, int64_t rows, int64_t k, int64_t sb, const uint8
            lanes != (mins != NULL) || lanes != (dmin != NULL);
 }
 
+/* 4, 6 bits: the rows one sweep over the tiles takes. A tile's weights (k/32 blocks of 256
+ * bytes: 12 KB at k = 1536) stay in L2 while every group of rows passes over them, but the
+ * rows' activations stream past once per tile; past LANE_ROW_BYTES of them (a prefill of the
+ * 8960-input down projection: 4.6 MB at 512 rows) they come from L3 or memory each time, so a
+ * long pass sweeps the tiles once per block of rows that fits (whole groups of rows; the
+ * weights are read once per block instead). A pass of up to LR rows is one block. A row's
+ * bits do not depend on its block. */
+static int64_t lane_row_block(int bits, int64_t k) {
+    const int64_t group = GROUP(bits), fit = LANE_ROW_BYTES / k / group * group;
+    return fit > LR ? fit : LR;  /* a pass of up to LR rows (decode, verify) stays whole */
+}
+
 /* q_matmul's work, called by every thread of an enclosing parallel region (its loops are
  * orphaned `omp for`s that share the work out, each ending at a barrier); the activations'
  * buffers are allocated once for the team. Arguments already checked. Returns 0, or 1 when
@@ -724,11 +739,15 @@ static int q_matmul_team(int bits, const float *x, int64_t rows, int64_t k, int6
                 for (int64_t i = 0; i < k; i++) a.qu[r * k + i] = (int8_t)(a.qa[r * k + i] ^ 0x80);
         }
         if (lanes) {
-            const int64_t tiles = (n + TILE - 1) / TILE;
+            const int64_t tiles = (n + TILE - 1) / TILE, block = lane_row_block(bits, k);
+            for (int64_t r0 = 0; r0 < rows; r0 += block) {  /* one block for a decode, a verify */
+                const int64_t nr = rows - r0 < block ? rows - r0 : block;
 #pragma omp for schedule(static)
-            for (int64_t t = 0; t < tiles; t++)
-                lanes_tile(bits, qs, qh, (const uint8_t *)sc, (const int8_t *)mins, dsup, dmin, k,
-                           sb, a.qa, a.da, a.bs, rows, n, t, y);
+                for (int64_t t = 0; t < tiles; t++)
+                    lanes_tile(bits, qs, qh, (const uint8_t *)sc, (const int8_t *)mins, dsup,
+                               dmin, k, sb, a.qa + r0 * k, a.da + r0 * ns, a.bs + r0 * nb, nr, n,
+                               t, y + r0 * n);
+            }
         } else {
             failed = matmul8(qs, (const int16_t *)sc, dsup, k, sb, a.qa, a.qu, a.da, a.dat,
                              a.stride, rows, n, y, path);
