@@ -114,9 +114,7 @@ _Static_assert(GROUP(4) <= LR && GROUP(6) <= LR, "a group of rows is one pass of
 #define ROW_BYTES 196608   /* 8 bits, AVX2 prefill: activation bytes per row block (L2) */
 #define FR 4               /* float kernel: rows per tile */
 #define PREFILL_ROWS 32    /* path 0: from this many rows on, the prefill tiles */
-#ifndef LANE_ROW_BYTES
 #define LANE_ROW_BYTES 262144 /* 4, 6 bits: activation bytes one sweep over the tiles takes */
-#endif
 
 /* x [k] float → qa [k] int8, da [k/sb], bs [k/32] = Σqa (block, as int16: |Σqa| ≤ 32·127)
  * for one row. */
