@@ -207,7 +207,8 @@ def vote(continuations: list[np.ndarray], max_draft: int, min_confidence: float
             break
         column = [c[i] for c in alive]
         token, top = column[0], column.count(column[0])
-        if top < len(column):  # contested: the most votes, ties to the most recent
+        contested = top < len(column)
+        if contested:  # the most votes, ties to the most recent
             counts = Counter(column)
             top = max(counts.values())
             token = next(t for t in column if counts[t] == top)
@@ -217,7 +218,7 @@ def vote(continuations: list[np.ndarray], max_draft: int, min_confidence: float
             break
         tokens.append(token)
         confidence.append(share)
-        if top < len(column):
+        if contested:
             alive = [c for c in alive if c[i] == token]
     return tokens, confidence
 
