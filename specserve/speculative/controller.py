@@ -22,7 +22,13 @@ The choice, for a step decoding B sequences (see `cost_aware.py` for the single-
    they add (expected tokens over the seconds they add) beats plain decoding's rate by the
    policy's margin. So under load, where every row costs, only
    the drafts most likely to survive are verified, and speculation never lowers the step's
-   expected throughput by its own estimate. A fixed k (a config or request asking for one),
+   expected throughput by its own estimate. And no sequence pays more than its share for
+   the others' drafts: a step's drafts may stretch it to at most 1 + `SLOWDOWN_CAP` times
+   its time without them, times the smallest expected tokens (1 + Σ survivals) of any of its
+   sequences — one that drafts nothing is slowed by at most that much, whatever the others
+   gain. Without the bound a story sharing a pass with three code edits ran 1.4x slower
+   than on a server without speculation, and a batch of requests finished later: the copying
+   requests were done early, and the slowed ones ran on alone, in small batches. A fixed k (a config or request asking for one),
    the k of a policy other than the cost-aware one, and the cost-aware policy's probes are
    taken as asked.
 
@@ -52,6 +58,7 @@ LOOKUP, MODEL = "lookup", "draft_model"  # the two kinds of source
 MODEL_AFTER_MISSES = 8  # rounds in a row without a lookup offer before a draft model starts
 BACKOFF_AFTER = 4  # idle rounds of a poorly copying sequence before its lookups thin out
 MAX_BACKOFF = 3  # ... to one look per this many rounds + 1
+SLOWDOWN_CAP = 0.25  # a step's drafts leave no sequence's expected rate below 1/1.25 of plain
 IDLE_REASONS = ("off", "no_room", "no_match", "did_not_pay", "batch_limit", "draft_starting",
                 "backed_off")
 
@@ -301,7 +308,8 @@ class SpeculationController:
         only if what it adds (tokens over seconds) beats the rate without it by the margin;
         and no more than `max_rows` slots of the budget's."""
         counts = [len(o.survival) if o.forced else 0 for o in offers]
-        value = batch + sum(sum(o.survival) for o in offers if o.forced)
+        gains = [1.0 + (sum(o.survival) if o.forced else 0.0) for o in offers]  # E per sequence
+        value = sum(gains)
         slots = sorted((-s, pos, i) for i, o in enumerate(offers) if not o.forced
                        for pos, s in enumerate(o.survival))
         if max_rows is not None:
@@ -312,10 +320,13 @@ class SpeculationController:
             assert counts[i] == pos, "slots of one sequence are taken in order"
             counts[i] += 1
             value -= neg_s
+            gains[i] -= neg_s
             seconds = self._step_seconds(offers, counts, batch)
             rate = value / seconds
             added = (value - base_value) / max(seconds - base_time, 1e-12)
-            if rate > best_rate and added > (1.0 + DEFAULT_MARGIN) * base_value / base_time:
+            fair = seconds <= (1.0 + SLOWDOWN_CAP) * base_time * min(gains, default=1.0)
+            if (rate > best_rate and fair
+                    and added > (1.0 + DEFAULT_MARGIN) * base_value / base_time):
                 best_rate, chosen = rate, list(counts)
         return chosen
 

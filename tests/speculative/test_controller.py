@@ -8,7 +8,7 @@ from specserve.engine.outputs import SpeculationOverride
 from specserve.speculative.candidate import Candidate
 from specserve.speculative.config import SpeculativeConfig
 from specserve.speculative.controller import (BACKOFF_AFTER, LOOKUP, MAX_BACKOFF, MODEL,
-                                             SpeculationController)
+                                             SLOWDOWN_CAP, SpeculationController)
 from specserve.speculative.cost_model import CostModel
 from specserve.speculative.drafter import Proposal
 from specserve.speculative.metrics import SpecMetrics
@@ -145,8 +145,33 @@ def test_a_request_can_turn_speculation_off_or_fix_its_k():
     ctrl = controller(MEMORY_BOUND, {0: long_match(), 1: long_match(), 2: long_match()})
     ks = plan(ctrl, [Seq(0), Seq(1), Seq(2)], {0: SpeculationOverride(enabled=False),
                                                  1: SpeculationOverride(num_speculative_tokens=2)})
-    assert ks[0] == 0 and ks[1] == 2 and ks[2] == 16
+    # the sequence that asked for none is slowed by the others' drafts by at most the cap
+    assert ks[0] == 0 and ks[1] == 2 and 0 < ks[2] < 16
+    cost = ctrl.cost
+    assert cost.pass_time(3 + 2 + ks[2]) <= (1 + SLOWDOWN_CAP) * cost.pass_time(3 + 2)
+    assert cost.pass_time(3 + 2 + ks[2] + 1) > (1 + SLOWDOWN_CAP) * cost.pass_time(3 + 2)
     assert ctrl.state(Seq(0)).reason == "off"
+
+
+def test_the_drafts_of_some_slow_a_sequence_that_drafts_nothing_by_at_most_the_cap(monkeypatch):
+    # rows at 10% of a decode step: a plain step of 4 rows costs 0.065 s; 3 more rows stretch
+    # it to 0.08 s (1.23x), a fourth to 0.085 s (1.31x)
+    ctrl = controller(MODERATE, {1: long_match()})
+    assert plan(ctrl, [Seq(i) for i in range(4)]) == [0, 3, 0, 0]
+    # when every sequence gains, each one's expected rate stays within the cap of plain
+    # decoding's, so the drafts run long
+    ctrl = controller(MODERATE, {i: long_match() for i in range(4)})
+    ks = plan(ctrl, [Seq(i) for i in range(4)])
+    assert min(ks) > 3
+    # without the cap the same step drafts more of the trusted match (by tokens per second)
+    import specserve.speculative.controller as module
+    monkeypatch.setattr(module, "SLOWDOWN_CAP", 100.0)
+    uncapped = plan(controller(MODERATE, {1: long_match()}), [Seq(i) for i in range(4)])
+    assert uncapped[0] == uncapped[2] == uncapped[3] == 0 and uncapped[1] > 3
+    # alone, the cap never binds: a draft that beats plain decoding's rate is within it
+    alone = plan(controller(MODERATE, {0: long_match()}), [Seq(0)])
+    monkeypatch.setattr(module, "SLOWDOWN_CAP", 0.0)
+    assert plan(controller(MODERATE, {0: long_match()}), [Seq(0)]) == alone and alone[0] > 3
 
 
 def test_the_draft_model_is_used_only_where_the_lookup_does_not_pay():
@@ -208,8 +233,9 @@ def test_sources_and_idle_reasons_are_reported_per_sequence():
     proposals = ctrl.propose([seq, other], [ks[0], ks[1]])
     ctrl.commit(seq, proposals[0], 3, len(seq.token_ids))
     ctrl.commit(other, proposals[1], 0, len(other.token_ids))
-    assert seq.metrics.by_source == {"suffix": {"rounds": 1, "drafted": 16, "accepted": 3,
-                                                "acceptance_rate": 3 / 16}}
+    assert ks[0] > 3
+    assert seq.metrics.by_source == {"suffix": {"rounds": 1, "drafted": ks[0], "accepted": 3,
+                                                "acceptance_rate": 3 / ks[0]}}
     assert other.metrics.idle == {"no_match": 1}
     assert MODEL not in seq.metrics.sources
 
