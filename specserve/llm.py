@@ -11,6 +11,7 @@ of the LLM.
 
 from __future__ import annotations
 
+import logging
 import threading
 from functools import partial
 from dataclasses import replace
@@ -31,6 +32,8 @@ from specserve.sampling.params import SamplingParams, require_bool
 from specserve.speculative.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from specserve.speculative.controller import build_controller
 from specserve.speculative.draft_head import restricted_head
+
+log = logging.getLogger("specserve.engine")
 
 
 class LLM:
@@ -85,7 +88,8 @@ class LLM:
             work.append(partial(_restrict_head, draft_runner, self.draft.model,
                                 self.spec.draft_vocab_size, extra))
         if spec is not None and self.spec.policy_name == "cost_aware" and spec.cap > 0:
-            work.append(partial(calibrate, spec.cost, runner, draft_runner, spec.cap))
+            work.append(partial(_calibrate, self.engine, spec.cost, runner, draft_runner,
+                                spec.cap))
         if work:
             self.engine.startup = partial(_run_each, work)
             if not defer_startup:
@@ -211,6 +215,27 @@ class LLM:
 def _run_each(work: list) -> None:
     for step in work:
         step()
+
+
+def _calibrate(engine: LLMEngine, cost, runner, draft_runner, cap: int) -> dict:
+    """The cost model's start-up timed passes; if other work on the machine disturbed them,
+    they run again at the engine's next idle moments until they run undisturbed."""
+    measured = calibrate(cost, runner, draft_runner, cap)
+    if measured["disturbed"]:
+        log.warning("other work on this machine disturbed the cost model's timed passes: "
+                    "they run again when the engine is next idle")
+        engine.idle_work = partial(_recalibrate, cost, runner, draft_runner, cap)
+    return measured
+
+
+def _recalibrate(cost, runner, draft_runner, cap: int, interrupted) -> bool:
+    """The timed passes once more (no patience; a request arriving stops them); True (and
+    the cost model seeded anew) if they ran undisturbed."""
+    settled = not calibrate(cost, runner, draft_runner, cap, patience_s=0.0,
+                            seed_if_disturbed=False, interrupted=interrupted)["disturbed"]
+    if settled:
+        log.info("the cost model's timed passes ran undisturbed this time: seeded anew")
+    return settled
 
 
 def _restrict_head(draft_runner, model, keep: int, extra: list[int]) -> None:

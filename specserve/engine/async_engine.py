@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import random
 import threading
 import time
 import uuid
@@ -31,6 +32,9 @@ from specserve.engine.engine import LLMEngine
 from specserve.engine.outputs import EngineStats, RequestDelta, RequestOutput, SpeculationOverride
 from specserve.engine.watchdog import StepWatchdog
 from specserve.sampling.params import SamplingParams
+
+IDLE_WORK_AFTER_S = 5.0  # idle seconds before an engine's idle work runs (doubling after each)
+IDLE_WORK_MAX_S = 600.0
 
 __all__ = ["AsyncEngine", "EngineClosed", "EngineDead", "EngineError", "engine_stats"]
 log = logging.getLogger(__name__)
@@ -59,6 +63,7 @@ class AsyncEngine:
         self._dead: str | None = None  # why the engine serves no more
         self._watchdog = (StepWatchdog(step_timeout, self._overran) if step_timeout is not None
                           else None)
+        self._idle_after = IDLE_WORK_AFTER_S  # idle seconds before the engine's idle work
         self._started = threading.Event()  # the engine's start-up work ran on the thread
         self._startup_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
@@ -267,11 +272,8 @@ class AsyncEngine:
 
     def _next_step(self) -> bool:
         """Wait for work, run one step, hand out its deltas; False once stopped and idle."""
-        with self._wake:
-            while not self.engine.has_unfinished() and not self._stopping:
-                self._wake.wait()
-            if self._stopping and not self.engine.has_unfinished():
-                return False
+        if not self._await_work():
+            return False
         if self._watchdog is not None:
             self._watchdog.started()
         try:
@@ -291,6 +293,30 @@ class AsyncEngine:
         with self._wake:
             self._wake.notify_all()
         return True
+
+    def _await_work(self) -> bool:
+        """Wait until there is work (True) or the engine stops idle (False). An engine with
+        work for an idle moment (`LLMEngine.run_idle_work`) runs it once it has been idle
+        `self._idle_after` seconds (times a random 1-2: two engines that started together on
+        one machine must not retry their timed passes together), outside the condition
+        (requests still arrive meanwhile; the work stops for them), and waits twice as long
+        before trying again, up to `IDLE_WORK_MAX_S`."""
+        while True:
+            with self._wake:
+                since = time.monotonic()
+                patience = self._idle_after * random.uniform(1.0, 2.0)
+                while not self.engine.has_unfinished() and not self._stopping:
+                    if self.engine.idle_work is None:
+                        self._wake.wait()
+                        continue
+                    left = patience - (time.monotonic() - since)
+                    if left <= 0:
+                        break
+                    self._wake.wait(left)
+                else:
+                    return self.engine.has_unfinished()
+            self.engine.run_idle_work()
+            self._idle_after = min(2 * self._idle_after, IDLE_WORK_MAX_S)
 
     def _deliver(self, delta: RequestDelta) -> None:
         with self._lock:

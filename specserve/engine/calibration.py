@@ -1,27 +1,49 @@
 """Timed passes on this machine: the start-up calibration of the engine's cost model, and the
-harness it (and the bench's verify-cost table) times passes with."""
+harness it (and the bench's verify-cost table) times passes with.
+
+A pass timed while another process had the cores measures the other process: two engines
+calibrating side by side on two cores each read a one-row pass at 64-76 ms instead of 40 and
+a three-row pass at 2-2.4x the one-row pass instead of 1.0x, and an engine seeded with that
+shape found no draft worth a row for its whole life (its calibration fixes the shape; only
+the scale moves with what it serves). So each timed pass also measures how much of its wall
+time the timing thread ran (its CPU time over its wall time: 0.99 on an idle machine, 0.50
+with a second engine calibrating beside it); a pass that ran less than `SETTLED_SHARE` of
+it was disturbed and is timed again, for as long as the caller's patience lasts.
+"""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from contextlib import contextmanager, nullcontext
 from functools import partial
+from time import perf_counter, thread_time
 from typing import Callable, Hashable
 
 import torch
 
 PREFILL_ROWS = 64  # rows of the draft pass that prices a draft prefill position
+SETTLED_SHARE = 0.8  # a timed pass whose thread ran less of its wall time than this was disturbed
+CALIBRATION_PATIENCE_S = 20.0  # how long the start-up calibration re-times disturbed passes
 
 
 def calibrate(cost, runner, draft_runner, cap: int, prefix_len: int = 32,
-              repeats: int = 3) -> dict:
+              repeats: int = 3, patience_s: float | None = None,
+              seed_if_disturbed: bool = True,
+              interrupted: Callable[[], bool] | None = None) -> dict:
     """Seed `cost` (the engine's CostModel) from timed passes, so the first rounds already
     know this machine: target passes over k + 1 rows for k = 0..cap, and one draft-model step
     (`draft_runner` None: drafting is free). The calibration fixes the shape of cost against
     k for the engine's life, so it is taken with care: every pass is timed `repeats` times,
-    all of them in turn round after round (drift hits each alike), and the median kept. Uses
-    pools of its own blocks; returns what it measured."""
+    all of them in turn round after round (drift hits each alike), and the median kept;
+    disturbed passes are timed again for up to `patience_s` seconds (default
+    `CALIBRATION_PATIENCE_S`; see the module doc), and if some stayed disturbed the cost
+    model is seeded only if `seed_if_disturbed`; `interrupted()` True between two passes
+    stops it (counted as disturbed). Uses pools of its own blocks; returns what it measured,
+    with `disturbed`."""
+    if patience_s is None:
+        patience_s = CALIBRATION_PATIENCE_S
     with pass_timer(runner, prefix_len) as time_target, \
             (pass_timer(draft_runner, prefix_len) if draft_runner else nullcontext()) as time_draft:
         timers = {k: partial(time_target, k) for k in range(cap + 1)}
@@ -29,12 +51,14 @@ def calibrate(cost, runner, draft_runner, cap: int, prefix_len: int = 32,
             timers["draft"] = partial(time_draft, 0)
             # a draft pass over PREFILL_ROWS rows: its seconds per position price a draft start
             timers["draft_prefill"] = partial(time_draft, PREFILL_ROWS - 1)
-        medians = median_round_robin(timers, repeats)
+        medians, disturbed = settled_medians(timers, repeats, patience_s, interrupted)
     draft_step = medians.pop("draft", 0.0)
     prefill = medians.pop("draft_prefill", None)
     per_position = prefill / PREFILL_ROWS if prefill is not None else None
-    cost.seed(draft_step, medians, per_position)
-    return {"draft_step_s": draft_step, "verify_s": medians, "draft_prefill_s": per_position}
+    if seed_if_disturbed or not disturbed:
+        cost.seed(draft_step, medians, per_position)
+    return {"draft_step_s": draft_step, "verify_s": medians, "draft_prefill_s": per_position,
+            "disturbed": disturbed}
 
 
 def time_passes(runner, ks: list[int], prefix_len: int = 256, repeats: int = 5
@@ -77,8 +101,35 @@ def median_round_robin(timers: dict[Hashable, Callable[[], float]], repeats: int
                        ) -> dict[Hashable, float]:
     """Median of `repeats` calls of each timer (a function returning seconds), called in turn
     round after round, so a machine that drifts meanwhile skews them alike."""
-    samples: dict[Hashable, list[float]] = {key: [] for key in timers}
-    for _ in range(repeats):
+    return settled_medians(timers, repeats, 0.0)[0]
+
+
+def settled_medians(timers: dict[Hashable, Callable[[], float]], repeats: int,
+                    patience_s: float, interrupted: Callable[[], bool] | None = None
+                    ) -> tuple[dict[Hashable, float], bool]:
+    """(medians, disturbed): `median_round_robin`, re-timing disturbed calls. A call during
+    which this thread ran less than `SETTLED_SHARE` of the wall time was disturbed; the
+    timers short of `repeats` settled calls are called again in further rounds while
+    `patience_s` lasts. If every timer then has its settled calls, their medians are kept;
+    otherwise every call counts (the medians of a busy machine) and `disturbed` is True.
+    `interrupted()` True before a call: ({}, True) at once."""
+    settled: dict[Hashable, list[float]] = {key: [] for key in timers}
+    every: dict[Hashable, list[float]] = {key: [] for key in timers}
+    deadline = time.monotonic() + patience_s
+    for round_ in itertools.count():
         for key, timer in timers.items():
-            samples[key].append(timer())
-    return {key: statistics.median(v) for key, v in samples.items()}
+            if round_ >= repeats and len(settled[key]) >= repeats:
+                continue
+            if interrupted is not None and interrupted():
+                return {}, True
+            wall, ran = perf_counter(), thread_time()
+            seconds = timer()
+            share = (thread_time() - ran) / max(perf_counter() - wall, 1e-12)
+            every[key].append(seconds)
+            if share >= SETTLED_SHARE:
+                settled[key].append(seconds)
+        done = all(len(v) >= repeats for v in settled.values())
+        if round_ + 1 >= repeats and (done or time.monotonic() >= deadline):
+            break
+    samples = settled if done else every
+    return {key: statistics.median(v) for key, v in samples.items()}, not done

@@ -61,6 +61,7 @@ class LLMEngine:
         self.runner, self.tokenizer, self.config, self.spec = runner, tokenizer, config, spec
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, blocks)
         self.startup: Callable[[], object] | None = None  # see `run_startup`
+        self.idle_work: Callable[[Callable[[], bool]], bool] | None = None  # `run_idle_work`
         self.metrics = EngineMetrics()
         self.output = OutputProcessor(tokenizer, config.max_model_len, spec is not None)
         self.num_aborted = 0
@@ -212,6 +213,23 @@ class LLMEngine:
             work, self.startup = self.startup, None
             if work is not None:
                 work()
+
+    def run_idle_work(self) -> None:
+        """Run the work left for a moment with nothing to do (`idle_work(interrupted)`:
+        returns True once done, e.g. the cost model's timed passes again after other work on
+        the machine disturbed them at start-up; it stops early when `interrupted()`, which
+        says a request arrived, so a request waits for one timed pass at most), under the
+        step lock and only while no request is unfinished; the prefix caches' blocks are
+        dropped first (the timed passes write over free blocks). An `AsyncEngine` calls it
+        when it has been idle a while."""
+        with self._step_lock:
+            if self.idle_work is None or self.has_unfinished():
+                return
+            if self.spec is not None:
+                self.spec.reset_prefix_cache()
+            self.scheduler.blocks.reset_prefix_cache()
+            if self.idle_work(self.has_unfinished):
+                self.idle_work = None
 
     def step(self) -> list[RequestDelta]:
         """One engine step; returns a delta for every request that advanced or finished in it.

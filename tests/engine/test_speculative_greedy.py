@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import pytest
 
@@ -310,3 +311,46 @@ def test_eight_hybrid_requests_at_once_equal_target_only(int8_pair):
     llm = LLM(target, draft=draft, max_num_seqs=8,
               speculative_config={"method": "hybrid", "model": "draft"})
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(32))] == plain
+
+
+def test_timed_passes_that_other_work_disturbed_run_again_when_the_engine_is_idle(
+        int8_pair, monkeypatch):
+    """Start-up timed passes during which the engine's thread did not run are not trusted:
+    the cost model is seeded with them (a busy machine's figures), and they run again at the
+    engine's idle moments, on its thread, until they run undisturbed; requests are served
+    meanwhile, and a later settled run seeds the cost model anew."""
+    from specserve.engine import async_engine as async_module
+    from specserve.engine import calibration
+
+    target, draft = int8_pair
+    monkeypatch.setattr(calibration, "CALIBRATION_PATIENCE_S", 0.0)
+    monkeypatch.setattr(calibration, "SETTLED_SHARE", 2.0)  # every call looks disturbed
+    monkeypatch.setattr(async_module, "IDLE_WORK_AFTER_S", 0.05)
+    threads = []
+
+    def watched(*args, **kwargs):
+        threads.append(threading.current_thread())
+        return calibrate(*args, **kwargs)
+
+    monkeypatch.setattr(llm_module, "calibrate", watched)
+    llm = LLM(target, draft=draft, speculative_config=spec(-1, max_k=3), defer_startup=True)
+    plain = LLM(target).generate(PROMPT, greedy(12))[0].outputs[0]
+    engine = llm.async_engine()
+    try:
+        assert llm.engine.idle_work is not None and llm.engine.cost.verify_time(0) != 1.0
+        deadline = time.monotonic() + 30
+        while len(threads) < 3 and time.monotonic() < deadline:  # still disturbed: retried
+            time.sleep(0.02)
+        assert len(threads) >= 3 and set(threads) == {engine._thread}
+        out = llm.generate(PROMPT, greedy(12))[0].outputs[0]
+        assert out.token_ids == plain.token_ids  # served meanwhile, exactly
+        seeded = llm.engine.cost.snapshot()
+        monkeypatch.setattr(calibration, "SETTLED_SHARE", 0.0)  # the machine is quiet again
+        while llm.engine.idle_work is not None and time.monotonic() < deadline + 30:
+            time.sleep(0.02)
+        assert llm.engine.idle_work is None
+        assert llm.engine.cost.snapshot() != seeded  # seeded anew from the settled passes
+        out = llm.generate(PROMPT, greedy(12))[0].outputs[0]
+        assert out.token_ids == plain.token_ids
+    finally:
+        engine.shutdown(0)
