@@ -1,0 +1,77 @@
+"""Where a busy server's time goes, step by step: `specserve serve` with every engine step
+written to a JSON-lines file (decoding sequences B, rows, drafts per sequence, tokens each
+gained, the pass's seconds and what the cost model predicted for it), then a summary by (B,
+rows). A diagnosis tool: it wraps the engine's methods in this process only.
+
+    python benchmarks/scripts/serve_step_trace.py serve --port 8201 [serve flags] \\
+        --trace /tmp/steps.jsonl            # then drive it, e.g. with serve_ab.py
+    python benchmarks/scripts/serve_step_trace.py summary /tmp/steps.jsonl
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import statistics
+import sys
+import time
+
+
+def serve(argv: list[str]) -> int:
+    from specserve.cli import main
+    from specserve.engine.engine import LLMEngine
+    from specserve.speculative.controller import SpeculationController
+
+    i = argv.index("--trace")
+    out = open(argv[i + 1], "w", buffering=1)
+    argv = argv[:i] + argv[i + 2:]
+    plan, run_pass = SpeculationController.plan, LLMEngine._pass
+
+    def traced_plan(self, seqs, max_rows=None):
+        ks = plan(self, seqs, max_rows)
+        self.trace_pass_s = self.cost.pass_time(len(seqs) + sum(ks.values()))
+        return ks
+
+    def traced_pass(self, step):
+        before = [len(s.token_ids) for s in step.decode]
+        start = time.perf_counter()
+        run_pass(self, step)
+        out.write(json.dumps({
+            "B": len(step.decode), "ks": list(step.ks),
+            "prefill_tokens": sum(c.num_tokens for c in step.chunks),
+            "gained": [len(s.token_ids) - n for s, n in zip(step.decode, before)],
+            "seconds": time.perf_counter() - start,
+            "predicted_pass_s": getattr(self.spec, "trace_pass_s", None)}) + "\n")
+
+    SpeculationController.plan, LLMEngine._pass = traced_plan, traced_pass
+    return main(argv)
+
+
+def summary(path: str) -> None:
+    steps = [json.loads(line) for line in open(path)]
+    by_shape, by_batch = collections.defaultdict(list), collections.defaultdict(lambda: [0.0, 0])
+    for s in steps:
+        tokens = sum(s["gained"])
+        by_batch[(s["B"], s["prefill_tokens"] > 0)][0] += s["seconds"]
+        by_batch[(s["B"], s["prefill_tokens"] > 0)][1] += tokens
+        if not s["prefill_tokens"]:
+            by_shape[(s["B"], s["B"] + sum(s["ks"]))].append(s)
+    print("| B | rows | steps | median s | predicted s | tokens/step | tokens/s |")
+    print("|---|---|---|---|---|---|---|")
+    for (b, rows), group in sorted(by_shape.items()):
+        seconds = statistics.median(s["seconds"] for s in group)
+        predicted = [s["predicted_pass_s"] for s in group if s["predicted_pass_s"]]
+        tokens = sum(sum(s["gained"]) for s in group) / len(group)
+        print(f"| {b} | {rows} | {len(group)} | {seconds * 1e3:.1f} ms | "
+              f"{statistics.median(predicted) * 1e3 if predicted else 0:.1f} ms | "
+              f"{tokens:.2f} | {tokens / seconds:.1f} |")
+    print("\n| B | with prefill | seconds in all | tokens | tokens/s |\n|---|---|---|---|---|")
+    for (b, prefill), (seconds, tokens) in sorted(by_batch.items()):
+        print(f"| {b} | {prefill} | {seconds:.1f} | {tokens} | {tokens / max(seconds, 1e-9):.1f} |")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["summary"]:
+        summary(sys.argv[2])
+    else:
+        sys.exit(serve(sys.argv[1:]))
