@@ -55,7 +55,7 @@ def calibrate(cost, runner, draft_runner, cap: int, prefix_len: int = 32,
     draft_step = medians.pop("draft", 0.0)
     prefill = medians.pop("draft_prefill", None)
     per_position = prefill / PREFILL_ROWS if prefill is not None else None
-    if seed_if_disturbed or not disturbed:
+    if medians and (seed_if_disturbed or not disturbed):  # an interrupted run measured nothing
         cost.seed(draft_step, medians, per_position)
     return {"draft_step_s": draft_step, "verify_s": medians, "draft_prefill_s": per_position,
             "disturbed": disturbed}

@@ -128,9 +128,13 @@ class LLMEngine:
         """Forget the cached prefix blocks no running sequence holds (the target's and the
         draft model's), under the step lock; returns how many target blocks were dropped."""
         with self._step_lock:
-            if self.spec is not None:
-                self.spec.reset_prefix_cache()
-            return self.scheduler.blocks.reset_prefix_cache()
+            return self._drop_prefix_cache()
+
+    def _drop_prefix_cache(self) -> int:
+        """`reset_prefix_cache`'s work, for a caller that holds the step lock."""
+        if self.spec is not None:
+            self.spec.reset_prefix_cache()
+        return self.scheduler.blocks.reset_prefix_cache()
 
     def has_request(self, request_id: str) -> bool:
         """True from `add_request` until the request's final delta has been handed out."""
@@ -225,9 +229,7 @@ class LLMEngine:
         with self._step_lock:
             if self.idle_work is None or self.has_unfinished():
                 return
-            if self.spec is not None:
-                self.spec.reset_prefix_cache()
-            self.scheduler.blocks.reset_prefix_cache()
+            self._drop_prefix_cache()
             if self.idle_work(self.has_unfinished):
                 self.idle_work = None
 
