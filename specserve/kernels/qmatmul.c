@@ -107,9 +107,19 @@ _Static_assert(GROUP(4) <= LR && GROUP(6) <= LR, "a group of rows is one pass of
 /* Weights are fetched PREFETCH bytes ahead of use into L2 (prefetcht1): into L1 (t0), each
  * fetch in flight holds one of L1's few miss buffers, which capped a decode pass's stream at
  * ~80% of the rate L2's deeper queue sustains (Zen 4: 1-row passes 0.70-0.89x the time, in
- * both builds; 8 KB ahead was as fast as 16 KB and faster than 4 KB) */
+ * both builds, against t0 4 KB ahead; 8 KB ahead was as fast as 16 KB and faster than 4 KB).
+ * But the 4- and 6-bit tiles' one-row passes (decode) fetch into L1, 8 KB ahead: there t1 made
+ * a one-row pass slower than a two-row one whenever memory ran fast (8 alternated runs, Zen 4:
+ * one row 0.84-1.01x the time with t0, median 0.93x at 4 bits, 0.96x at 6; two to nine rows
+ * 0.98-1.25x, so they keep t1). */
 #define PREFETCH 8192
 #define FETCH_HINT _MM_HINT_T1
+/* the lanes loop's prefetch of p for a pass of nr rows (a constant after inlining) */
+#define FETCH_LANES(p, nr)                                              \
+    do {                                                                \
+        if ((nr) == 1) _mm_prefetch((const char *)(p), _MM_HINT_T0);   \
+        else _mm_prefetch((const char *)(p), FETCH_HINT);               \
+    } while (0)
 #define OUT_BLOCK 16       /* 8 bits, AVX2 prefill: outputs per block */
 #define ROW_BYTES 196608   /* 8 bits, AVX2 prefill: activation bytes per row block (L2) */
 #define FR 4               /* float kernel: rows per tile */
@@ -212,8 +222,8 @@ static inline __attribute__((always_inline)) void lanes_rows(
             __m512i h0 = _mm512_setzero_si512(), h1 = h0;
             if (bits == 6) {
                 const uint8_t *h = w->qh + b * 128;
-                _mm_prefetch((const char *)h + PREFETCH / 2, FETCH_HINT);
-                _mm_prefetch((const char *)h + PREFETCH / 2 + 64, FETCH_HINT);
+                FETCH_LANES(h + PREFETCH / 2, nr);
+                FETCH_LANES(h + PREFETCH / 2 + 64, nr);
                 h0 = _mm512_loadu_si512((const void *)h);
                 h1 = _mm512_loadu_si512((const void *)(h + 64));
             }
@@ -221,7 +231,7 @@ static inline __attribute__((always_inline)) void lanes_rows(
             for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) {
-                _mm_prefetch((const char *)q + 64 * c + PREFETCH, FETCH_HINT);
+                FETCH_LANES(q + 64 * c + PREFETCH, nr);
                 const __m512i packed = _mm512_loadu_si512((const void *)(q + 64 * c));
                 __m512i lo = _mm512_and_si512(packed, mask);
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), mask);
@@ -295,8 +305,8 @@ static inline __attribute__((always_inline)) void lanes_rows(
                 if (bits == 6) {
                     const uint8_t *h = w->qh + b * 128 + 4 * at;
                     if (!half) {
-                        _mm_prefetch((const char *)h + PREFETCH / 2, FETCH_HINT);
-                        _mm_prefetch((const char *)h + PREFETCH / 2 + 64, FETCH_HINT);
+                        FETCH_LANES(h + PREFETCH / 2, nr);
+                        FETCH_LANES(h + PREFETCH / 2 + 64, nr);
                     }
                     h0 = _mm256_loadu_si256((const __m256i *)h);
                     h1 = _mm256_loadu_si256((const __m256i *)(h + 64));
@@ -309,7 +319,7 @@ static inline __attribute__((always_inline)) void lanes_rows(
                 for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_si256();
 #pragma GCC unroll 4
                 for (int c = 0; c < 4; c++) {
-                    if (!half) _mm_prefetch((const char *)q + 64 * c + PREFETCH, FETCH_HINT);
+                    if (!half) FETCH_LANES(q + 64 * c + PREFETCH, nr);
                     const __m256i packed = _mm256_loadu_si256((const __m256i *)(q + 64 * c));
                     __m256i lo = _mm256_and_si256(packed, mask);
                     __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask);
