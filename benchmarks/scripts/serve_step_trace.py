@@ -48,12 +48,13 @@ def serve(argv: list[str]) -> int:
 
 
 def summary(path: str) -> None:
-    steps = [json.loads(line) for line in open(path)]
+    with open(path) as f:
+        steps = [json.loads(line) for line in f]
     by_shape, by_batch = collections.defaultdict(list), collections.defaultdict(lambda: [0.0, 0])
     for s in steps:
-        tokens = sum(s["gained"])
-        by_batch[(s["B"], s["prefill_tokens"] > 0)][0] += s["seconds"]
-        by_batch[(s["B"], s["prefill_tokens"] > 0)][1] += tokens
+        totals = by_batch[(s["B"], s["prefill_tokens"] > 0)]
+        totals[0] += s["seconds"]
+        totals[1] += sum(s["gained"])
         if not s["prefill_tokens"]:
             by_shape[(s["B"], s["B"] + sum(s["ks"]))].append(s)
     print("| B | rows | steps | median s | predicted s | tokens/step | tokens/s |")
