@@ -1,6 +1,7 @@
 """Where a shipped session's time goes, request by request: prompt tokens, TTFT, decode time and
 what each source drafted and got accepted, with the default speculation and without it (one
-LLM each, loaded one after the other; greedy, 256 tokens at most per request, EOS ends a reply).
+LLM each, loaded one after the other, each warmed up by one short request; greedy, 256 tokens at
+most per request, EOS ends a reply).
 
     python benchmarks/scripts/session_trace.py [--session agent_session] [--show]
 
@@ -23,6 +24,12 @@ def trace(session, spec: dict | None, show: bool) -> dict:
     llm = LLM("qwen2.5-coder-1.5b", speculative_config=spec, enable_prefix_caching=True,
               max_model_len=4096)
     tok, turns, answers = llm.tokenizer, [], []
+    # a warm-up request first: a process's first pass pays for touching the weights (~0.3 s
+    # of TTFT here), which would fall on whichever side ran first; then both caches emptied
+    llm.generate(tok.encode("Warm up."), SamplingParams(temperature=0.0, max_tokens=16))
+    llm.reset_prefix_cache()
+    if llm.engine.spec is not None:
+        llm.engine.spec.clear_cache()
     for turn in range(len(session.turns)):  # as `specserve bench` runs a session
         ids = tok.encode(tok.apply_chat_template(session.messages(turn, answers)))
         out = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=256))[0].outputs[0]

@@ -31,6 +31,14 @@ The choice, for a step decoding B sequences (see `cost_aware.py` for the single-
    requests were done early, and the slowed ones ran on alone, in small batches. A fixed k (a config or request asking for one),
    the k of a policy other than the cost-aware one, and the cost-aware policy's probes are
    taken as asked.
+3. **Probes.** The budget prices rows by the cost model, which learns only from the passes
+   it sees; one whose start-up calibration over-priced extra rows (another process shared
+   the cores while it timed them) would never verify a draft, never see a larger pass and
+   never learn (a server seeded so drafted 73 tokens in 4,011 rounds). So once every
+   `PROBE_EVERY` steps in which the budget left out a lookup slot, the step verifies one
+   more: the likeliest left out. That pass size is then timed by serving; a few such passes
+   correct its price (`cost_model.py`), and if it pays, the next size is probed from there.
+   It costs one row in `PROBE_EVERY` steps where the price was right.
 
 A sequence whose plan is k = 0 costs what plain decoding costs: no draft model runs for it
 (unless it is catching up a started draft's prefill), and the lookup is a host-side search.
@@ -59,6 +67,7 @@ MODEL_AFTER_MISSES = 8  # rounds in a row without a lookup offer before a draft 
 BACKOFF_AFTER = 4  # idle rounds of a poorly copying sequence before its lookups thin out
 MAX_BACKOFF = 3  # ... to one look per this many rounds + 1
 SLOWDOWN_CAP = 0.25  # a step's drafts leave no sequence's expected rate below 1/1.25 of plain
+PROBE_EVERY = 64  # steps whose budget left a lookup slot out, per probe of one more row
 IDLE_REASONS = ("off", "no_room", "no_match", "did_not_pay", "batch_limit", "draft_starting",
                 "backed_off")
 
@@ -100,6 +109,9 @@ class SpeculationController:
         self.source_name, self.max_model_len = source_name, max_model_len
         self.stats = MatchStats()
         self._seqs: dict[int, SeqSpeculation] = {}
+        self.probe_every = PROBE_EVERY  # (see the module doc, step 3)
+        self._left_out = 0  # steps since the last probe whose budget left a lookup slot out
+        self.probes = 0  # probes taken (see the module doc, step 3)
 
     @property
     def cap(self) -> int:
@@ -328,6 +340,22 @@ class SpeculationController:
             if (rate > best_rate and fair
                     and added > (1.0 + DEFAULT_MARGIN) * base_value / base_time):
                 best_rate, chosen = rate, list(counts)
+        return self._probe(offers, chosen, slots)
+
+    def _probe(self, offers: list[Offer], chosen: list[int], slots: list) -> list[int]:
+        """`chosen`, plus one more lookup slot once every `probe_every` steps that left one
+        out (see the module doc, step 3): the likeliest slot next in line for its sequence."""
+        left_out = [(neg_s, i) for neg_s, pos, i in slots
+                    if pos == chosen[i] and offers[i].source == LOOKUP]
+        if not left_out:
+            return chosen
+        self._left_out += 1
+        if self._left_out < self.probe_every:
+            return chosen
+        self._left_out = 0
+        self.probes += 1
+        chosen = list(chosen)
+        chosen[min(left_out)[1]] += 1
         return chosen
 
     def _step_seconds(self, offers: list[Offer], counts: list[int], batch: int) -> float:

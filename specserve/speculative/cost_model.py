@@ -22,6 +22,7 @@ drafting scale; before a calibration, `DEFAULT_DRAFT_PREFILL_RATIO` of a draft s
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ DEFAULT_DRAFT_PREFILL_RATIO = 0.15  # a draft prefill position / a draft step, w
 SHAPE_EMA = 0.05  # the residual of a pass size moves this far towards each of its observations
 SHAPE_DECAY = 1.0 / 512  # per observation, the weight of what every size was seen with fades
 MIN_SHAPE_OBSERVATIONS = 8  # passes of a size before its shape correction is used
-SHAPE_BOUNDS = (0.67, 1.5)  # the correction of a calibrated pass time stays within these
+SHAPE_BOUNDS = (0.4, 2.5)  # the correction of a calibrated pass time stays within these
 
 
 class CostModel:
@@ -63,7 +64,15 @@ class CostModel:
     sizes (weighted by how often each was seen, decaying). Passes of one size alone correct
     nothing (a slowdown is the scale's), but a fifth row that costs more than the calibration
     said, among passes of four, is priced at what it costs (`MIN_SHAPE_OBSERVATIONS` passes
-    of that size first; corrections bounded by `SHAPE_BOUNDS`).
+    of that size first; corrections bounded by `SHAPE_BOUNDS`). A size's first
+    observations are averaged (its EMA starts as a running mean), so a few passes suffice.
+
+    A calibration taken while other work shared the cores can over-price every row beyond
+    the first, and then no draft is verified, no larger pass is seen, and nothing corrects
+    it: the controller's probes (`controller.PROBE_EVERY`) time a pass one row larger now
+    and then, and a size never observed takes the correction of the nearest observed size
+    below it when that one proved cheaper than calibrated (never dearer: a size priced too
+    high is never run and never corrected, one priced too low is run, seen and corrected).
     """
 
     __slots__ = ("_draft", "_verify", "_lines", "_ema", "_base", "_scales", "_prefill",
@@ -222,18 +231,19 @@ class _ShapeCorrection:
     """Seeded pass times' correction per size k (see the `CostModel` doc): `residual[k]`, a
     slow EMA of observed / (calibrated × scale); `weight[k]`, its observations, fading."""
 
-    __slots__ = ("residual", "weight", "count", "_factors")
+    __slots__ = ("residual", "weight", "count", "_factors", "_below")
 
     def __init__(self) -> None:
         self.residual: dict[int, float] = {}
         self.weight: dict[int, float] = {}
         self.count: dict[int, int] = {}
         self._factors: dict[int, float] = {}
+        self._below: list[int] = []  # the corrected sizes, ascending
 
     def observe(self, k: int, ratio: float) -> None:
+        count = self.count[k] = self.count.get(k, 0) + 1
         old = self.residual.get(k, 1.0)
-        self.residual[k] = old + SHAPE_EMA * (ratio - old)
-        self.count[k] = self.count.get(k, 0) + 1
+        self.residual[k] = old + max(SHAPE_EMA, 1.0 / count) * (ratio - old)
         for size in self.weight:
             self.weight[size] *= 1.0 - SHAPE_DECAY
         self.weight[k] = self.weight.get(k, 0.0) + 1.0
@@ -242,9 +252,16 @@ class _ShapeCorrection:
         lo, hi = SHAPE_BOUNDS
         self._factors = {s: min(hi, max(lo, r / mean)) for s, r in self.residual.items()
                          if self.count[s] >= MIN_SHAPE_OBSERVATIONS}
+        self._below = sorted(self._factors)
 
     def factor(self, k: int) -> float:
-        return self._factors.get(k, 1.0)
+        """A corrected size's factor; an uncorrected one's: the nearest corrected size
+        below it, if that one is cheaper than calibrated (see the `CostModel` doc), else 1."""
+        factor = self._factors.get(k)
+        if factor is not None:
+            return factor
+        below = bisect.bisect_left(self._below, k)
+        return min(1.0, self._factors[self._below[below - 1]]) if below else 1.0
 
 
 class _Timings:

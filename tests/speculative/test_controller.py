@@ -8,7 +8,7 @@ from specserve.engine.outputs import SpeculationOverride
 from specserve.speculative.candidate import Candidate
 from specserve.speculative.config import SpeculativeConfig
 from specserve.speculative.controller import (BACKOFF_AFTER, LOOKUP, MAX_BACKOFF, MODEL,
-                                             SLOWDOWN_CAP, SpeculationController)
+                                             PROBE_EVERY, SLOWDOWN_CAP, SpeculationController)
 from specserve.speculative.cost_model import CostModel
 from specserve.speculative.drafter import Proposal
 from specserve.speculative.metrics import SpecMetrics
@@ -319,6 +319,71 @@ def test_while_prompts_wait_to_prefill_the_drafts_take_at_most_the_rows_allowed(
     ks = ctrl.plan(seqs, max_rows=3)
     assert ks == {0: 3, 1: 0}
     assert ctrl.plan(seqs, max_rows=0) == {0: 0, 1: 0}
+
+
+def serve(ctrl: SpeculationController, seqs: list[Seq], machine: dict[int, float],
+          steps: int) -> list[list[int]]:
+    """`steps` planned steps on a machine whose pass over k + 1 rows takes `machine[k]`: the
+    cost model observes each pass as the engine does (every draft kept)."""
+    history = []
+    for _ in range(steps):
+        planned = ctrl.plan(seqs)
+        ks = [planned[s.seq_id] for s in seqs]
+        ctrl.cost.observe_verify(len(seqs) + sum(ks) - 1, machine[len(seqs) + sum(ks) - 1])
+        history.append(ks)
+    return history
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_probes_correct_a_calibration_that_priced_every_draft_out(batch):
+    """Start-up timed passes disturbed by another process priced every row beyond the
+    batch's at 2.2x what it costs (as `calibration.py` saw two engines time each other):
+    the matches here are not worth such rows, so none is verified and no larger pass is
+    seen. Probes time one row more every PROBE_EVERY steps that left a slot out; after a
+    few of them the prices are right and the engine drafts as one calibrated right does."""
+    truth = {k: 0.025 * batch + 0.0025 * k for k in range(80)}
+    disturbed = {k: s * (1.0 if k < batch else 2.2) for k, s in truth.items()}
+    match = {i: Candidate(list(range(10, 18)), [0.8] * 8, 3) for i in range(batch)}
+    seqs = [Seq(i) for i in range(batch)]
+
+    def engine(calibration):
+        spec = SpeculativeConfig(method="suffix", num_speculative_tokens=-1)
+        ctrl = SpeculationController(spec, cost(calibration), Lookup(match))
+        for seq in seqs:
+            ctrl.add(seq)
+        return ctrl
+
+    right = sum(map(sum, serve(engine(truth), seqs, truth, 256)))
+    assert right >= 256  # calibrated right, these matches draft
+    ctrl = engine(disturbed)
+    first = serve(ctrl, seqs, truth, PROBE_EVERY)
+    assert [sum(ks) for ks in first] == [0] * (PROBE_EVERY - 1) + [1]  # the first probe
+    serve(ctrl, seqs, truth, 9 * PROBE_EVERY)
+    assert sum(map(sum, serve(ctrl, seqs, truth, 256))) >= 0.5 * right
+    for rows in range(batch + 1, batch + 5):
+        assert ctrl.cost.pass_time(rows) == pytest.approx(truth[rows - 1], rel=0.2)
+    # without probes the same engine never drafts
+    never = engine(disturbed)
+    never.probe_every = 1 << 30
+    assert sum(map(sum, serve(never, seqs, truth, 10 * PROBE_EVERY))) == 0
+
+
+def test_a_probe_costs_one_row_in_probe_every_steps_where_the_price_was_right():
+    """Where the calibration was right (every row a decode step's worth) the probes verify
+    one row per PROBE_EVERY steps, and what they time leaves the price where it was."""
+    ctrl = controller(COMPUTE_BOUND, {0: weak_match()})
+    seq = Seq(0)
+    ctrl.add(seq)
+    history = serve(ctrl, [seq], COMPUTE_BOUND, 10 * PROBE_EVERY)
+    assert sum(ks[0] for ks in history) == 10 == ctrl.probes
+    assert ctrl.cost.pass_time(2) == pytest.approx(COMPUTE_BOUND[1], rel=0.02)
+    # a step whose budget leaves nothing out (no match, or a fixed k) is never probed
+    none = controller(COMPUTE_BOUND, {})
+    fixed = controller(COMPUTE_BOUND, {0: weak_match()}, k=2)
+    for ctrl in (none, fixed):
+        ctrl.add(seq)
+        serve(ctrl, [seq], COMPUTE_BOUND, 2 * PROBE_EVERY)
+        assert ctrl.probes == 0
 
 
 def test_every_idle_reason_has_words_on_the_page_and_in_the_demo():
