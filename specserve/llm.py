@@ -82,6 +82,8 @@ class LLM:
         self.engine = LLMEngine(runner, runner.block_manager(config.enable_prefix_caching),
                                 self.target.tokenizer, config, spec)
         work = []  # start-up work that runs kernels (see `defer_startup`)
+        if defer_startup or spec is not None:  # a server's chat, the suffix drafter's views
+            work.append(self.target.tokenizer.prepare)
         if draft_runner is not None and self.spec.draft_vocab_size is not None:
             tok = self.draft.tokenizer  # its added (special) tokens stay in the head
             extra = [*tok.backend.get_added_tokens_decoder(), *tok.eos_token_ids]

@@ -26,7 +26,7 @@ def trace(session, spec: dict | None, show: bool) -> dict:
     tok, turns, answers = llm.tokenizer, [], []
     # a warm-up request first: a process's first pass pays for touching the weights (~0.3 s
     # of TTFT here), which would fall on whichever side ran first; then both caches emptied
-    llm.generate(tok.encode("Warm up."), SamplingParams(temperature=0.0, max_tokens=16))
+    llm.generate(tok.encode("Warm up. " * 150), SamplingParams(temperature=0.0, max_tokens=16))
     llm.reset_prefix_cache()
     if llm.engine.spec is not None:
         llm.engine.spec.clear_cache()

@@ -116,6 +116,11 @@ class Tokenizer:
     def _template(self) -> jinja2.Template:
         return _jinja_env().from_string(self.chat_template)
 
+    def prepare(self) -> None:
+        """Build what the first text-only encode would (a copy of the backend: 0.3 s for
+        Qwen2.5's vocabulary), so that it is not on a request's clock."""
+        self._text_backend
+
     @functools.cached_property
     def _text_backend(self) -> HFTokenizer:
         """A copy of the backend that reads special tokens' text as text."""
