@@ -490,3 +490,29 @@ def test_a_pass_size_the_calibration_got_wrong_is_corrected_relative_to_the_othe
     for _ in range(MIN_SHAPE_OBSERVATIONS - 1):
         few.observe_verify(4, 0.2)
     assert few.verify_time(4) / few.verify_time(3) == pytest.approx(1.05)
+
+
+def test_a_size_never_seen_takes_a_cheaper_correction_from_below_never_a_dearer_one():
+    """Passes of one row and of two: two rows cost half what the calibration said. Three
+    rows, never seen, are priced with that correction too (a calibration that over-priced
+    rows usually over-priced them all, and a price too low is soon seen and corrected, one
+    too high never); but where the size below proved dearer, no correction is carried up."""
+    shape = {0: 0.050, 1: 0.100, 2: 0.150}
+    cheaper = CostModel()
+    cheaper.seed(0.01, shape)
+    for _ in range(MIN_SHAPE_OBSERVATIONS):  # averaged from the first: a few passes suffice
+        cheaper.observe_verify(0, 0.050)
+        cheaper.observe_verify(1, 0.050)
+    ratio = cheaper.verify_time(1) / cheaper.verify_time(0)
+    assert ratio == pytest.approx(1.0, rel=0.1)  # calibrated 2.0
+    assert cheaper.verify_time(2) / cheaper.verify_time(0) == pytest.approx(3.0 * ratio / 2.0,
+                                                                           rel=0.01)
+    dearer = CostModel()
+    dearer.seed(0.01, shape)
+    for _ in range(4 * MIN_SHAPE_OBSERVATIONS):
+        dearer.observe_verify(0, 0.050)
+        dearer.observe_verify(1, 0.150)
+    assert dearer.verify_time(1) / dearer.verify_time(0) == pytest.approx(3.0, rel=0.1)
+    # three rows keep the average correction of the sizes seen (see the test above), not two
+    # rows' dearer one: priced below 1.5x two rows, as calibrated
+    assert dearer.verify_time(2) / dearer.verify_time(1) < 0.9 * shape[2] / shape[1]
