@@ -54,8 +54,9 @@ class LLM:
         before anything loads. (Deprecation: the arguments after `speculative_config` are
         keyword-only now; they were never documented positionally.)
 
-        The start-up work that runs kernels (the draft's restricted head, the cost model's
-        timed passes) runs here, on the thread that builds the LLM (the one that calls
+        The start-up work (the draft's restricted head and the cost model's timed passes, which
+        run kernels; the tokenizer's text-only copy, 0.3 s, for a serving or speculative
+        engine) runs here, on the thread that builds the LLM (the one that calls
         `generate` after); `defer_startup=True` leaves it to the thread that first steps the
         engine (`async_engine()`'s, when serving), so that one thread runs every kernel (see
         `LLMEngine.run_startup`)."""
@@ -81,8 +82,8 @@ class LLM:
             config.max_num_batched_tokens, max_len, config.enable_prefix_caching)
         self.engine = LLMEngine(runner, runner.block_manager(config.enable_prefix_caching),
                                 self.target.tokenizer, config, spec)
-        work = []  # start-up work that runs kernels (see `defer_startup`)
-        if defer_startup or spec is not None:  # a server's chat, the suffix drafter's views
+        work = []  # start-up work (see `defer_startup`)
+        if defer_startup or spec is not None:  # for a server's chat, the suffix drafter's views
             work.append(self.target.tokenizer.prepare)
         if draft_runner is not None and self.spec.draft_vocab_size is not None:
             tok = self.draft.tokenizer  # its added (special) tokens stay in the head

@@ -45,7 +45,7 @@ def main() -> None:
             llm.engine.spec.probe_every = 1 << 30
     tok = llms["right"].tokenizer
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    for llm in llms.values():  # a process's first pass pays for touching the weights
+    for llm in llms.values():  # whatever a first request builds lazily, before timing
         llm.generate(tok.encode("Warm up."), SamplingParams(temperature=0.0, max_tokens=8))
     records = {side: [] for side in SIDES}
     for i, (kind, text) in enumerate(prompt_pool("mixed")[:args.requests]):

@@ -1,7 +1,7 @@
 """Where a shipped session's time goes, request by request: prompt tokens, TTFT, decode time and
 what each source drafted and got accepted, with the default speculation and without it (one
-LLM each, loaded one after the other, each warmed up by one short request; greedy, 256 tokens at
-most per request, EOS ends a reply).
+LLM each, loaded one after the other, each warmed up by one unrelated ~450-token request; greedy,
+256 tokens at most per request, EOS ends a reply).
 
     python benchmarks/scripts/session_trace.py [--session agent_session] [--show]
 
@@ -24,8 +24,9 @@ def trace(session, spec: dict | None, show: bool) -> dict:
     llm = LLM("qwen2.5-coder-1.5b", speculative_config=spec, enable_prefix_caching=True,
               max_model_len=4096)
     tok, turns, answers = llm.tokenizer, [], []
-    # a warm-up request first: a process's first pass pays for touching the weights (~0.3 s
-    # of TTFT here), which would fall on whichever side ran first; then both caches emptied
+    # a warm-up request with a long prompt first, so that whatever a first request builds
+    # lazily (the tokenizer's text-only copy cost the first turn 0.3 s until it moved to
+    # start-up) does not fall on whichever side runs first; then both caches emptied
     llm.generate(tok.encode("Warm up. " * 150), SamplingParams(temperature=0.0, max_tokens=16))
     llm.reset_prefix_cache()
     if llm.engine.spec is not None:
