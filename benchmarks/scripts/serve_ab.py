@@ -8,7 +8,16 @@ serves it), every server once per round, the order rotated round by round (A B C
 two servers: A B, B A). Per round and server: total output tokens/s over the round's wall time,
 and each request's TTFT and end to end time. Each server's ratio is the median over rounds of
 its total tokens/s over the first server's in the same round; one warm-up round per server is
-not counted."""
+not counted.
+
+A round of a few prompts ends with its last reply, and before it the batch shrinks as clients
+run out of prompts: a large part of such a round runs below `clients` sequences, so its
+tokens/s is partly the speed of its slowest request. `--duration S` measures the steady state
+instead: in each round a server gets S seconds of `clients` clients each sending its next
+prompt as soon as its reply ends (the same prompt list for every server, in the same order);
+only the tokens streamed between `--ramp` seconds and S count (a token's time is its chunk's
+arrival; our servers' `origins` give each chunk's token count), and the replies still running
+at S finish before the next server's turn, uncounted."""
 from __future__ import annotations
 
 import argparse
@@ -32,35 +41,58 @@ STORY_TOPICS = ("a lighthouse keeper who finds a message in a bottle", "a dragon
 
 STORY_FORMS = ("Write a short story about {}.", "Write a poem about {}.",
                "Write a diary entry by {}.", "Write a dialogue between two people about {}.")
+# more open text for the sustained rounds (after the first 48, so earlier offsets still name
+# the same prompts)
+MORE_TOPICS = ("a clockmaker who can stop time for one minute a day",
+               "a city where it has not rained for ten years", "a chess player's last tournament",
+               "a whale that follows a fishing boat", "a girl who collects forgotten words",
+               "a night train crossing the border", "a gardener on a space station",
+               "an old map found inside a piano")
+MORE_FORMS = ("Write a fable about {}.", "Write a news report about {}.",
+              "Write a letter of complaint about {}.", "Write the opening scene of a play about {}.")
 
 
 def prompt_pool(which: str) -> list[tuple[str, str]]:
     """(name, text) prompts: the shipped workloads (their names, comma-separated), or "mixed":
     the answer-checked tasks (code edits, arithmetic, extraction) and short-story requests,
-    interleaved, every text distinct (so no request's answer repeats an earlier one); or
-    "stories": the open-text requests alone (stories, poems, diaries, dialogues)."""
+    interleaved one story to three tasks while the tasks last, then the other stories, every
+    text distinct (so no request's answer repeats an earlier one); "mixed-even": the same
+    texts, the tasks spread evenly through the whole list (one in 5.4: every sustained round
+    holds about the same mix); or "stories": the open-text requests alone (stories, poems,
+    diaries, dialogues, fables, ...)."""
     stories = [("story", form.format(topic)) for form in STORY_FORMS for topic in STORY_TOPICS]
+    stories += [("story", form.format(topic)) for form in STORY_FORMS for topic in MORE_TOPICS]
+    stories += [("story", form.format(topic)) for form in MORE_FORMS
+                for topic in STORY_TOPICS + MORE_TOPICS]
     if which == "stories":
         return stories
-    if which != "mixed":
+    if which not in ("mixed", "mixed-even"):
         return [(n, workloads.load(n)) for n in which.split(",")]
     from specserve.bench.tasks import load_tasks
 
     tasks = [(t.kind, t.prompt) for t in load_tasks()]
     kinds = [[t for t in tasks if t[0] == k] for k in ("code_edit", "arithmetic", "extraction")]
-    pool = []
-    for i in range(max(len(stories), *map(len, kinds))):
-        for group in (*kinds, stories):
-            if i < len(group):
-                pool.append(group[i])
-    return pool
+    tasks = [group[i] for i in range(max(map(len, kinds))) for group in kinds if i < len(group)]
+    if which == "mixed-even":  # the tasks spread evenly through the stories
+        total = len(tasks) + len(stories)
+        at = {int(j * total / len(tasks)): task for j, task in enumerate(tasks)}
+        story = iter(stories)
+        return [at[i] if i in at else next(story) for i in range(total)]
+    pool, story = [], iter(stories)
+    for i in range(0, len(tasks), len(kinds)):
+        pool += tasks[i:i + len(kinds)] + [next(story)]
+    return pool + list(story)
 
 
-def stream(port: int, text: str, args, api_key: str | None) -> dict:
-    """One streamed chat completion: output tokens, TTFT and end-to-end seconds."""
+def stream(port: int, text: str, args, api_key: str | None, arrivals: list | None = None) -> dict:
+    """One streamed chat completion: output tokens, TTFT and end-to-end seconds; with
+    `arrivals`, each content chunk's (arrival time, tokens) is appended to it (the tokens from
+    the chunk's `origins` where the server gives them, else 1: one token per chunk)."""
     body = {"model": args.model, "messages": [{"role": "user", "content": text}],
             "max_tokens": args.max_tokens, "temperature": args.temperature, "seed": 0,
             "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    if arrivals is not None:
+        body["return_token_origins"] = True
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -77,10 +109,14 @@ def stream(port: int, text: str, args, api_key: str | None) -> dict:
             continue
         event = json.loads(line[5:])
         for choice in event.get("choices") or []:
-            if (choice.get("delta") or {}).get("content"):
+            delta = choice.get("delta") or {}
+            if delta.get("content") or delta.get("origins"):
                 pieces += 1
+                now = time.perf_counter()
                 if ttft is None:
-                    ttft = time.perf_counter() - t0
+                    ttft = now - t0
+                if arrivals is not None:
+                    arrivals.append((now, len(delta.get("origins") or ()) or 1))
         if event.get("usage"):
             tokens = event["usage"]["completion_tokens"]
         if event.get("speculative_stats"):
@@ -124,6 +160,50 @@ def run_round(port: int, texts: list[str], args, api_key: str | None, clients: i
             "requests": results}
 
 
+def run_window(port: int, texts: list[str], args, api_key: str | None, clients: int) -> dict:
+    """`clients` clients sending `texts` in order, each its next as soon as its reply ends,
+    until `args.duration` seconds from the start; the tokens streamed from `args.ramp` s to
+    the end count (the replies running then finish first, uncounted)."""
+    arrivals: list = []
+    results: list = []
+    lock, todo = threading.Lock(), iter(texts)
+    t0 = time.perf_counter()
+    deadline, exhausted = t0 + args.duration, []
+
+    def work() -> None:
+        while time.perf_counter() < deadline:
+            with lock:
+                text = next(todo, None)
+            if text is None:
+                exhausted.append(time.perf_counter() - t0)
+                return
+            mine: list = []
+            start = time.perf_counter() - t0
+            try:
+                res = stream(port, text, args, api_key, mine)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                res = exc
+            with lock:
+                arrivals.extend(mine)
+                results.append(res if isinstance(res, Exception) else {**res, "start_s": start})
+
+    threads = [threading.Thread(target=work) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = [r for r in results if isinstance(r, Exception)]
+    if errors:
+        raise errors[0]
+    if exhausted:
+        raise RuntimeError(f"port {port}: the round's {len(texts)} prompts ran out "
+                           f"{min(exhausted):.1f} s in: raise --queue")
+    counted = sum(n for t, n in arrivals if t0 + args.ramp <= t < deadline)
+    return {"wall_s": time.perf_counter() - t0, "counted_tokens": counted,
+            "tokens_per_s": counted / (args.duration - args.ramp),
+            "requests": [r for r in results if r["start_s"] < args.duration]}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ports", required=True, help="A,B[,C...]: A is the reference")
@@ -135,10 +215,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--api-keys", default="", help="a key per port, comma-separated (empty: none)")
     p.add_argument("--prompts", default=",".join(PROMPTS),
-                   help='shipped workloads (cycled), "mixed" or "stories" (distinct prompts, see prompt_pool)')
+                   help='shipped workloads (cycled), "mixed", "mixed-even" or "stories" (distinct '
+                        'prompts, see prompt_pool)')
     p.add_argument("--queue", type=int, default=0,
                    help="a round is this many prompts through the clients, each client sending "
-                        "its next as soon as its reply ends (0: one prompt per client at once)")
+                        "its next as soon as its reply ends (0: one prompt per client at once; "
+                        "with --duration: 32, the prompts a round may use)")
+    p.add_argument("--duration", type=float, default=0.0,
+                   help="sustained rounds: each server's turn is this many seconds of load, "
+                        "tokens counted from --ramp to the end (0: rounds of --queue prompts)")
+    p.add_argument("--ramp", type=float, default=5.0,
+                   help="--duration: seconds from a turn's start before tokens count (the "
+                        "clients start together, so the first prefills coincide)")
     p.add_argument("--offset", type=int, default=0,
                    help="mixed, stories: start this far into the pool (a run against servers that "
                         "served an earlier one: the default's shared suffix cache holds the "
@@ -150,8 +238,10 @@ def main(argv: list[str] | None = None) -> None:
     labels = args.names.split(",") if args.names else [str(port) for port in ports]
     pool = prompt_pool(args.prompts)
     names, texts = [n for n, _ in pool], [t for _, t in pool]
-    per_round = args.queue or args.clients
-    distinct = args.prompts in ("mixed", "stories")
+    per_round = args.queue or (32 if args.duration else args.clients)
+    if args.duration and args.duration <= args.ramp:
+        p.error("--duration must exceed --ramp")
+    distinct = args.prompts in ("mixed", "mixed-even", "stories")
     if distinct and args.offset + (args.rounds + 1) * per_round > len(pool):
         p.error(f"{args.prompts}: {len(pool)} distinct prompts, fewer than the offset + "
                 f"(rounds + 1) x the round's")
@@ -162,7 +252,8 @@ def main(argv: list[str] | None = None) -> None:
             at = args.offset + r * per_round if distinct else r  # mixed, stories: never repeated
             batch = [f"[{time.time_ns()}-{i}] " + texts[(at + i) % len(texts)]
                      for i in range(per_round)]
-            res = run_round(side, batch, args, keys[ports.index(side)] or None, args.clients)
+            run = run_window if args.duration else run_round
+            res = run(side, batch, args, keys[ports.index(side)] or None, args.clients)
             res["round"], res["prompts"] = r, [names[(at + i) % len(names)]
                                                for i in range(per_round)]
             if r:
@@ -171,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"ttft {[round(q['ttft_s'] or 0, 2) for q in res['requests']]}", flush=True)
     ref = rounds[ports[0]]
     summary = {"clients": args.clients, "queue": args.queue, "offset": args.offset,
+               "duration_s": args.duration, "ramp_s": args.ramp, "prompts": args.prompts,
                "max_tokens": args.max_tokens,
                "temperature": args.temperature, "rounds": args.rounds, "servers": {}}
     for label, port in zip(labels, ports):
