@@ -29,59 +29,15 @@ import threading
 import time
 
 from specserve.bench import workloads
+from specserve.bench.request_pool import POOLS, distinct_pool
 
 PROMPTS = ("code_edit", "creative", "summarize", "chat_short")
-# open text, where lookups rarely pay: "mixed" interleaves these with the answer-checked tasks
-STORY_TOPICS = ("a lighthouse keeper who finds a message in a bottle", "a dragon afraid of heights",
-                "the first snow in a mountain village", "a robot learning to paint",
-                "two rival bakers in Paris", "a lost cat finding its way home",
-                "an astronaut's letter to her daughter", "a pirate who hates water",
-                "a library that opens only at midnight", "a violinist who loses her hearing",
-                "the last tree in a desert town", "a detective who cannot remember faces")
-
-STORY_FORMS = ("Write a short story about {}.", "Write a poem about {}.",
-               "Write a diary entry by {}.", "Write a dialogue between two people about {}.")
-# more open text for the sustained rounds (after the first 48, so earlier offsets still name
-# the same prompts)
-MORE_TOPICS = ("a clockmaker who can stop time for one minute a day",
-               "a city where it has not rained for ten years", "a chess player's last tournament",
-               "a whale that follows a fishing boat", "a girl who collects forgotten words",
-               "a night train crossing the border", "a gardener on a space station",
-               "an old map found inside a piano")
-MORE_FORMS = ("Write a fable about {}.", "Write a news report about {}.",
-              "Write a letter of complaint about {}.", "Write the opening scene of a play about {}.")
-
-
 def prompt_pool(which: str) -> list[tuple[str, str]]:
-    """(name, text) prompts: the shipped workloads (their names, comma-separated), or "mixed":
-    the answer-checked tasks (code edits, arithmetic, extraction) and short-story requests,
-    interleaved one story to three tasks while the tasks last, then the other stories, every
-    text distinct (so no request's answer repeats an earlier one); "mixed-even": the same
-    texts, the tasks spread evenly through the whole list (one in 5.4: every sustained round
-    holds about the same mix); or "stories": the open-text requests alone (stories, poems,
-    diaries, dialogues, fables, ...)."""
-    stories = [("story", form.format(topic)) for form in STORY_FORMS for topic in STORY_TOPICS]
-    stories += [("story", form.format(topic)) for form in STORY_FORMS for topic in MORE_TOPICS]
-    stories += [("story", form.format(topic)) for form in MORE_FORMS
-                for topic in STORY_TOPICS + MORE_TOPICS]
-    if which == "stories":
-        return stories
-    if which not in ("mixed", "mixed-even"):
-        return [(n, workloads.load(n)) for n in which.split(",")]
-    from specserve.bench.tasks import load_tasks
-
-    tasks = [(t.kind, t.prompt) for t in load_tasks()]
-    kinds = [[t for t in tasks if t[0] == k] for k in ("code_edit", "arithmetic", "extraction")]
-    tasks = [group[i] for i in range(max(map(len, kinds))) for group in kinds if i < len(group)]
-    if which == "mixed-even":  # the tasks spread evenly through the stories
-        total = len(tasks) + len(stories)
-        at = {int(j * total / len(tasks)): task for j, task in enumerate(tasks)}
-        story = iter(stories)
-        return [at[i] if i in at else next(story) for i in range(total)]
-    pool, story = [], iter(stories)
-    for i in range(0, len(tasks), len(kinds)):
-        pool += tasks[i:i + len(kinds)] + [next(story)]
-    return pool + list(story)
+    """(name, text) prompts: the shipped workloads (their names, comma-separated), or one of
+    `request_pool.POOLS` (distinct texts, see `distinct_pool`)."""
+    if which in POOLS:
+        return distinct_pool(which)
+    return [(n, workloads.load(n)) for n in which.split(",")]
 
 
 def stream(port: int, text: str, args, api_key: str | None, arrivals: list | None = None) -> dict:
@@ -241,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     per_round = args.queue or (32 if args.duration else args.clients)
     if args.duration and args.duration <= args.ramp:
         p.error("--duration must exceed --ramp")
-    distinct = args.prompts in ("mixed", "mixed-even", "stories")
+    distinct = args.prompts in POOLS
     if distinct and args.offset + (args.rounds + 1) * per_round > len(pool):
         p.error(f"{args.prompts}: {len(pool)} distinct prompts, fewer than the offset + "
                 f"(rounds + 1) x the round's")

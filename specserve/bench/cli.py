@@ -49,6 +49,10 @@ def add_parser(sub) -> None:
                    help="e.g. 1,2,4,8,16: serve that many requests at once per level, target only vs "
                    "cost-aware speculation with and without --disable-by-batch-size (code_edit and "
                    "creative unless --workloads says otherwise)")
+    p.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                   help="--concurrency: keep that many requests in flight for SECONDS per run "
+                   "(distinct requests, tokens counted after the first sixth) instead of serving "
+                   "one batch; see specserve.bench.concurrency")
     p.add_argument("--disable-by-batch-size", type=int, default=4,
                    help="--concurrency: the third configuration's disable_by_batch_size")
     p.add_argument("--out", type=Path, default=Path("bench-out"))
@@ -129,18 +133,26 @@ def concurrency_levels(text: str) -> list[int]:
 def cmd_concurrency(args) -> int:
     """`--concurrency`: see `specserve.bench.concurrency`."""
     from specserve.bench import concurrency as cc
+    from specserve.bench.request_pool import distinct_pool
     from specserve.llm import LLM
     from specserve.weights.loader import load_model
 
     levels = concurrency_levels(args.concurrency)
-    names = tuple(args.workloads or ("code_edit", "creative"))
-    texts = list(workloads.resolve(names, prompt_files(args), args.workload_dir).values())
+    if args.sustained < 0:
+        raise ValueError(f"--sustained must be >= 0 seconds, got {args.sustained}")
+    if args.sustained:
+        names = ("request_pool:mixed-even",)
+        texts = [text for _, text in distinct_pool("mixed-even")]
+    else:
+        names = tuple(args.workloads or ("code_edit", "creative"))
+        texts = list(workloads.resolve(names, prompt_files(args), args.workload_dir).values())
     configs = cc.default_configs(args.disable_by_batch_size)
     target = load_model(args.model, args.dtype, args.weights)
     draft = load_model(args.draft_model, args.dtype, args.weights, draft=True)
     log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s) and {draft.path.name} "
         f"({draft.load_seconds:.1f}s)")
     bench = Bench(target, draft, build(BenchOptions, args))
+    pool = [bench.prompt_ids(t) for t in texts] if args.sustained else None
     longest = max(len(bench.prompt_ids(t)) for t in texts) + 16
     llms = []
     for cfg in configs:
@@ -154,10 +166,14 @@ def cmd_concurrency(args) -> int:
     for level in levels:
         for rep in range(args.repeats):
             for cfg, llm in zip(configs, llms):
-                prompts = cc.unique_prompts(bench, texts, level, offset)
-                offset += level
-                rec = {"config": cfg.name, "concurrency": level, "repeat": rep,
-                       **cc.run_level(llm, prompts, args.max_tokens, 0.0)}
+                if args.sustained:  # the same requests for every configuration
+                    run = cc.run_sustained(llm, pool, level, args.max_tokens, 0.0,
+                                           args.sustained, args.sustained / 6)
+                else:
+                    prompts = cc.unique_prompts(bench, texts, level, offset)
+                    offset += level
+                    run = cc.run_level(llm, prompts, args.max_tokens, 0.0)
+                rec = {"config": cfg.name, "concurrency": level, "repeat": rep, **run}
                 records.append(rec)
                 log(f"# {cfg.name} x{level} (repeat {rep}): {rec['tokens_per_s']:.1f} tok/s, "
                     f"p50 latency {rec['p50_latency_s']:.1f}s, p50 TTFT {rec['p50_ttft_s']:.2f}s")
@@ -166,14 +182,17 @@ def cmd_concurrency(args) -> int:
     machine.update(weights=args.weights, target_load_s=target.load_seconds,
                    draft_load_s=draft.load_seconds)
     payload = {"suite": "concurrency", "machine": machine, "levels": levels, "workloads": names,
-               "max_tokens": args.max_tokens, "records": records, "summary": rows}
+               "sustained_s": args.sustained, "max_tokens": args.max_tokens,
+               "records": records, "summary": rows}
     (args.out / "concurrency.json").write_text(json.dumps(payload, indent=1, default=str))
     table = cc.markdown(rows)
     (args.out / "concurrency.md").write_text(
         f"# specserve bench --concurrency\n\nMachine: {machine['cpu']}, {machine['cores']} cores, "
         f"{machine['threads']} threads, weights {args.weights} ({machine['time']}). Workloads "
-        f"{', '.join(names)}, {args.max_tokens} tokens each, greedy, EOS ignored; median of "
-        f"{args.repeats} repeat(s).\n\n{table}\n")
+        f"{', '.join(names)}, {args.max_tokens} tokens each, greedy, EOS ignored; "
+        + (f"each level's requests kept in flight for {args.sustained:g} s, tokens counted after "
+           f"{args.sustained / 6:g} s; " if args.sustained else "each level one batch; ")
+        + f"median of {args.repeats} repeat(s).\n\n{table}\n")
     print(table)
     log(f"# wrote {args.out / 'concurrency.json'}, {args.out / 'concurrency.md'}")
     return 0

@@ -7,6 +7,17 @@ order and, within a level, the configurations take turns (round robin over repea
 shared machine's drift hits each alike. Reported per (configuration, level): total output
 tokens/s (all requests' tokens over the wall time of the batch), p50/p95 per-request latency
 and time to first token, and the number of requests that drafted at all.
+
+Such a batch ends with its slowest request, and before that it shrinks as the others finish:
+its tokens/s is partly the latency of its slowest request. When speculation makes some
+requests finish early (the copying ones) and slows the others a little (they share passes with
+drafts), the batch's wall time can grow while every request but one got faster. `--sustained
+SECONDS` measures what a busy server sees instead: `c` requests kept in flight (one that
+finishes is replaced at once by the next) for SECONDS, distinct requests from
+`request_pool` ("mixed-even": answer-checked tasks among open-text requests, no answer
+repeated), and only the tokens made after a ramp count. Every run starts with empty caches
+(the target's prefix cache and the suffix drafter's cache of earlier outputs), so no run drafts
+from an earlier run's answers.
 """
 
 from __future__ import annotations
@@ -47,19 +58,79 @@ def unique_prompts(bench, texts: list[str], count: int, offset: int) -> list[lis
             for i in range(count)]
 
 
+def fresh(llm) -> None:
+    """Empty the caches an earlier run filled: the target's prefix cache and the suffix
+    drafter's cache of earlier outputs (its answers would be drafted back)."""
+    llm.reset_prefix_cache()
+    if llm.engine.spec is not None:
+        llm.engine.spec.clear_cache()
+
+
 def run_level(llm, prompts: list[list[int]], max_tokens: int, temperature: float) -> dict:
     """Serve `prompts` together through one `generate` call; the level's figures."""
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=0)
+    fresh(llm)
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     wall = time.perf_counter() - start
-    comps = [o.outputs[0] for o in outs]
-    tokens = sum(c.num_output_tokens for c in comps)
+    return _figures([o.outputs[0] for o in outs], wall, wall)
+
+
+def run_sustained(llm, prompts: list[list[int]], level: int, max_tokens: int,
+                  temperature: float, seconds: float, ramp: float,
+                  clock=time.perf_counter) -> dict:
+    """`level` of `prompts` in flight at once, each that finishes replaced by the next, for
+    `seconds`; tokens/s counts the tokens of the steps that ended between `ramp` and
+    `seconds` (the requests still running then are aborted, uncounted). Latencies are those of
+    the requests that finished in time. `clock`: seconds (a test's own)."""
+    if seconds <= ramp:
+        raise ValueError(f"a sustained run must last longer than its ramp ({ramp} s), got {seconds}")
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=0)
+    engine, queue = llm.engine, iter(prompts)
+    fresh(llm)
+
+    def submit() -> None:
+        ids = next(queue, None)
+        if ids is None:
+            raise ValueError(f"{len(prompts)} prompts ran out before {seconds} s at "
+                             f"{level} in flight")
+        engine.add_request(ids, params)
+
+    for _ in range(level):
+        submit()
+    counted, done = 0, []
+    start = clock()
+    while True:
+        deltas = engine.step()
+        now = clock() - start
+        if now >= seconds:
+            break
+        if now >= ramp:
+            counted += sum(len(c.token_ids) for d in deltas for c in d.completions)
+        for d in deltas:
+            if d.error is not None:
+                raise d.error
+            if d.finished:
+                done.append(d.output.outputs[0])
+                submit()
+    for seq in list(engine.scheduler.running) + list(engine.scheduler.waiting):
+        engine.abort_request(seq.request_id)
+    while engine.has_unfinished():
+        engine.step()
+    if not done:
+        raise ValueError(f"no request finished within {seconds} s: make the run longer")
+    return _figures(done, seconds - ramp, seconds, counted)
+
+
+def _figures(comps: list, seconds: float, wall: float, tokens: int | None = None) -> dict:
+    """A run's figures: `tokens` (default: all of `comps`' output tokens) over `seconds`."""
+    if tokens is None:
+        tokens = sum(c.num_output_tokens for c in comps)
     e2e = [c.e2e_time for c in comps]
     ttft = [c.ttft for c in comps]
     drafted = [c.spec.drafted for c in comps if c.spec is not None]
-    return {"requests": len(prompts), "wall_s": wall, "output_tokens": tokens,
-            "tokens_per_s": tokens / wall, "p50_latency_s": quantile(e2e, 0.5),
+    return {"requests": len(comps), "wall_s": wall, "output_tokens": tokens,
+            "tokens_per_s": tokens / seconds, "p50_latency_s": quantile(e2e, 0.5),
             "p95_latency_s": quantile(e2e, 0.95), "p50_ttft_s": quantile(ttft, 0.5),
             "p95_ttft_s": quantile(ttft, 0.95),
             "requests_drafting": sum(d > 0 for d in drafted) if drafted else None}

@@ -7,8 +7,10 @@ import json
 
 import pytest
 
-from specserve.bench.concurrency import quantile, summarize_levels
+from specserve.bench.concurrency import quantile, run_level, run_sustained, summarize_levels
 from specserve.cli import main
+from specserve.llm import LLM
+from specserve.sampling.params import SamplingParams
 from tests import tiny
 
 
@@ -48,6 +50,94 @@ def test_concurrency_levels_run_end_to_end(tmp_path):
     assert "| config | concurrent |" in (out / "concurrency.md").read_text()
 
 
+def test_sustained_levels_run_end_to_end(tmp_path):
+    t = tiny.save_hf_dir(tiny.build_hf_model("llama", seed=0), tmp_path / "t")
+    d = tiny.save_hf_dir(tiny.build_hf_model("llama", seed=1), tmp_path / "d")
+    out = tmp_path / "out"
+    rc = main(["bench", "--concurrency", "2", "--sustained", "0.3", "--model", str(t),
+               "--draft-model", str(d), "--dtype", "float32", "--weights", "bf16",
+               "--max-tokens", "200", "--repeats", "1", "--out", str(out)])
+    assert rc == 0
+    data = json.loads((out / "concurrency.json").read_text())
+    assert data["sustained_s"] == 0.3 and data["workloads"] == ["request_pool:mixed-even"]
+    for rec in data["records"]:
+        assert rec["tokens_per_s"] == pytest.approx(rec["output_tokens"] / 0.25)
+        assert rec["output_tokens"] > 0 and rec["requests"] >= 1
+    assert "kept in flight for 0.3 s" in (out / "concurrency.md").read_text()
+
+
 def test_bad_concurrency_levels_name_the_flag(capsys):
     assert main(["bench", "--concurrency", "1,x"]) != 0
     assert "--concurrency must be" in capsys.readouterr().err
+
+
+def counting_clock():
+    """A clock that reads 0, 1, 2, ...: one second per call."""
+    ticks = iter(range(10_000))
+    return lambda: float(next(ticks))
+
+
+def test_a_sustained_run_keeps_its_level_in_flight_and_counts_only_the_window(int8_pair):
+    target, draft = int8_pair
+    llm = LLM(target, max_num_seqs=4)
+    engine = llm.engine
+    prompts = [[(5 * i + j) % 90 + 3 for j in range(6 + i % 5)] for i in range(40)]
+    in_flight, made, added = [], [], []
+    run_step, step, add = engine._run_step, engine.step, engine.add_request
+
+    def recording_run_step():
+        in_flight.append(len(engine.scheduler.running) + len(engine.scheduler.waiting))
+        run_step()
+
+    def recording_step():
+        deltas = step()
+        made.append(sum(len(c.token_ids) for d in deltas for c in d.completions))
+        return deltas
+
+    def recording_add(ids, params, **kw):
+        added.append(list(ids))
+        return add(ids, params, **kw)
+
+    engine._run_step, engine.step, engine.add_request = recording_run_step, recording_step, \
+        recording_add
+    # the clock reads 0 at the start and i after step i: steps 4..11 end inside [4, 12)
+    res = run_sustained(llm, prompts, 3, 3, 0.0, seconds=12, ramp=4, clock=counting_clock())
+    assert in_flight[:12] == [3] * 12  # a finished request is replaced before the next step
+    assert res["output_tokens"] == sum(made[3:11]) > 0
+    assert res["tokens_per_s"] == res["output_tokens"] / 8
+    assert 3 < len(added) < len(prompts) and added == prompts[:len(added)]  # in order, once
+    assert res["requests"] >= 1 and not engine.has_unfinished()  # the rest aborted and drained
+
+
+def test_a_sustained_run_that_runs_out_of_prompts_says_so(int8_pair):
+    llm = LLM(int8_pair[0], max_num_seqs=2)
+    with pytest.raises(ValueError, match="ran out"):
+        run_sustained(llm, [[5, 6, 7]] * 3, 2, 2, 0.0, seconds=50, ramp=1,
+                      clock=counting_clock())
+
+
+def test_every_run_starts_without_earlier_answers_to_draft_from(int8_pair):
+    llm = LLM(int8_pair[0], speculative_config={"method": "suffix"})
+    cache = llm.engine.spec.lookup.cache
+    llm.generate([5, 6, 7, 8], SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0))
+    assert cache.num_tokens > 0
+    seen = []
+    generate = llm.generate
+
+    def recording(prompts, params):
+        seen.append(cache.num_tokens)
+        return generate(prompts, params)
+
+    llm.generate = recording
+    run_level(llm, [[5, 6, 7, 8]], 4, 0.0)
+    assert seen == [0]
+    assert cache.num_tokens > 0
+    add = llm.engine.add_request
+
+    def recording_add(ids, params, **kw):
+        seen.append(cache.num_tokens)
+        return add(ids, params, **kw)
+
+    llm.engine.add_request = recording_add
+    run_sustained(llm, [[9, 10, 11]] * 40, 1, 2, 0.0, seconds=4, ramp=1, clock=counting_clock())
+    assert seen[1] == 0 and len(seen) > 2
