@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import random
 import statistics
 import sys
 import threading
@@ -32,6 +33,13 @@ from specserve.bench import workloads
 from specserve.bench.request_pool import POOLS, distinct_pool
 
 PROMPTS = ("code_edit", "creative", "summarize", "chat_short")
+def request_tokens(args, index: int) -> int:
+    """The max_tokens of the pool's prompt `index` (see --vary-tokens)."""
+    if not args.vary_tokens:
+        return args.max_tokens
+    return max(1, round(args.max_tokens * (0.5 + random.Random(index).random())))
+
+
 def prompt_pool(which: str) -> list[tuple[str, str]]:
     """(name, text) prompts: the shipped workloads (their names, comma-separated), or one of
     `request_pool.POOLS` (distinct texts, see `distinct_pool`)."""
@@ -40,12 +48,15 @@ def prompt_pool(which: str) -> list[tuple[str, str]]:
     return [(n, workloads.load(n)) for n in which.split(",")]
 
 
-def stream(port: int, text: str, args, api_key: str | None, arrivals: list | None = None) -> dict:
-    """One streamed chat completion: output tokens, TTFT and end-to-end seconds; with
+def stream(port: int, request: tuple[str, int], args, api_key: str | None,
+           arrivals: list | None = None) -> dict:
+    """One streamed chat completion of `request` (text, max_tokens): output tokens, TTFT and
+    end-to-end seconds; with
     `arrivals`, each content chunk's (arrival time, tokens) is appended to it (the tokens from
     the chunk's `origins` where the server gives them, else 1: one token per chunk)."""
+    text, max_tokens = request
     body = {"model": args.model, "messages": [{"role": "user", "content": text}],
-            "max_tokens": args.max_tokens, "temperature": args.temperature, "seed": 0,
+            "max_tokens": max_tokens, "temperature": args.temperature, "seed": 0,
             "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     if arrivals is not None:
         body["return_token_origins"] = True
@@ -85,7 +96,8 @@ def stream(port: int, text: str, args, api_key: str | None, arrivals: list | Non
     return out
 
 
-def run_round(port: int, texts: list[str], args, api_key: str | None, clients: int) -> dict:
+def run_round(port: int, texts: list[tuple[str, int]], args, api_key: str | None,
+              clients: int) -> dict:
     """`texts` served by `clients` clients, each sending the next one as soon as its previous
     reply ended (`clients` = len(texts): all at once)."""
     results: list = [None] * len(texts)
@@ -116,7 +128,8 @@ def run_round(port: int, texts: list[str], args, api_key: str | None, clients: i
             "requests": results}
 
 
-def run_window(port: int, texts: list[str], args, api_key: str | None, clients: int) -> dict:
+def run_window(port: int, texts: list[tuple[str, int]], args, api_key: str | None,
+               clients: int) -> dict:
     """`clients` clients sending `texts` in order, each its next as soon as its reply ends,
     until `args.duration` seconds from the start; the tokens streamed from `args.ramp` s to
     the end count (the replies running then finish first, uncounted)."""
@@ -167,6 +180,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--rounds", type=int, default=4, help="timed rounds per server")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--vary-tokens", action="store_true",
+                   help="each prompt's max_tokens drawn from 0.5-1.5x --max-tokens (fixed per "
+                        "prompt, the same for every server): with one length for all, the "
+                        "requests of a server that does not speculate run in lockstep, finish "
+                        "together and prefill their successors together, as real traffic does not")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--api-keys", default="", help="a key per port, comma-separated (empty: none)")
@@ -206,8 +224,8 @@ def main(argv: list[str] | None = None) -> None:
         order = ports[r % len(ports):] + ports[:r % len(ports)]
         for side in order:
             at = args.offset + r * per_round if distinct else r  # mixed, stories: never repeated
-            batch = [f"[{time.time_ns()}-{i}] " + texts[(at + i) % len(texts)]
-                     for i in range(per_round)]
+            batch = [(f"[{time.time_ns()}-{i}] " + texts[(at + i) % len(texts)],
+                      request_tokens(args, (at + i) % len(texts))) for i in range(per_round)]
             run = run_window if args.duration else run_round
             res = run(side, batch, args, keys[ports.index(side)] or None, args.clients)
             res["round"], res["prompts"] = r, [names[(at + i) % len(names)]
@@ -219,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     ref = rounds[ports[0]]
     summary = {"clients": args.clients, "queue": args.queue, "offset": args.offset,
                "duration_s": args.duration, "ramp_s": args.ramp, "prompts": args.prompts,
-               "max_tokens": args.max_tokens,
+               "max_tokens": args.max_tokens, "vary_tokens": args.vary_tokens,
                "temperature": args.temperature, "rounds": args.rounds, "servers": {}}
     for label, port in zip(labels, ports):
         ratios = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(rounds[port], ref)]

@@ -50,6 +50,7 @@ sees which pass sizes its start-up calibration got wrong (`cost_model.py`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from specserve.speculative.candidate import NO_CANDIDATE, Candidate
@@ -328,12 +329,21 @@ class SpeculationController:
             slots = slots[:max_rows]
         base_value, base_time = value, self._step_seconds(offers, counts, batch)
         chosen, best_rate = list(counts), base_value / base_time
+        # the most any sequence's expected tokens can reach: once a prefix of the slots is
+        # slower than the cap allows for it, every longer prefix is too where a pass over
+        # more rows never costs less (a calibrated cost model), so the search stops there
+        fair_bound = (1.0 + SLOWDOWN_CAP) * base_time * min(
+            (g + sum(o.survival) * (not o.forced) for g, o in zip(gains, offers)), default=1.0)
+        if not self.cost.seeded:
+            fair_bound = math.inf
         for neg_s, pos, i in slots:
             assert counts[i] == pos, "slots of one sequence are taken in order"
             counts[i] += 1
             value -= neg_s
             gains[i] -= neg_s
             seconds = self._step_seconds(offers, counts, batch)
+            if seconds > fair_bound:
+                break
             rate = value / seconds
             added = (value - base_value) / max(seconds - base_time, 1e-12)
             fair = seconds <= (1.0 + SLOWDOWN_CAP) * base_time * min(gains, default=1.0)

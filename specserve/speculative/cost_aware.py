@@ -129,12 +129,16 @@ class CostAwarePolicy:
         alphas = self.acceptance(optimism)
         best, best_rate = 0, (1.0 + self.margin) / max(self.cost.step_time(0), 1e-12)
         expected, reach = 1.0, 1.0  # E(k); P(all of the first k drafts accepted)
-        for k in range(1, min(limit, self.max_k) + 1):
+        top = min(limit, self.max_k)
+        monotone = getattr(self.cost, "seeded", False)  # step times never fall with k
+        for k in range(1, top + 1):
             reach *= alphas[k - 1]
             expected += reach
-            rate = expected / max(self.cost.step_time(k), 1e-12)
-            if rate > best_rate:
-                best, best_rate = k, rate
+            seconds = max(self.cost.step_time(k), 1e-12)
+            if expected / seconds > best_rate:
+                best, best_rate = k, expected / seconds
+            elif monotone and (expected + reach * (top - k)) / seconds <= best_rate:
+                break  # a longer draft adds at most `reach` per token and costs no less
         return best
 
     def worth_starting(self, tokens_left: int, startup_s: float) -> bool:

@@ -33,6 +33,7 @@ SHAPE_EMA = 0.05  # the residual of a pass size moves this far towards each of i
 SHAPE_DECAY = 1.0 / 512  # per observation, the weight of what every size was seen with fades
 MIN_SHAPE_OBSERVATIONS = 8  # passes of a size before its shape correction is used
 SHAPE_BOUNDS = (0.4, 2.5)  # the correction of a calibrated pass time stays within these
+SHAPE_REFRESH = 8  # observations between recomputations of the corrections (host time)
 
 
 class CostModel:
@@ -67,6 +68,10 @@ class CostModel:
     of that size first; corrections bounded by `SHAPE_BOUNDS`). A size's first
     observations are averaged (its EMA starts as a running mean), so a few passes suffice.
 
+    Corrected pass times are kept non-decreasing in rows: a pass over more rows never costs
+    less, though per-size corrections learned from different batches could say so (and the
+    controller's budget stops its search at the first pass too slow for its cap).
+
     A calibration taken while other work shared the cores can over-price every row beyond
     the first, and then no draft is verified, no larger pass is seen, and nothing corrects
     it: the controller's probes (`controller.PROBE_EVERY`) time a pass one row larger now
@@ -76,7 +81,7 @@ class CostModel:
     """
 
     __slots__ = ("_draft", "_verify", "_lines", "_ema", "_base", "_scales", "_prefill",
-                 "_shape", "_memo", "batch_size")
+                 "_shape", "_curve", "_steps", "batch_size")
 
     def __init__(self, ema: float = 0.2, max_age: int = 256) -> None:
         if not 0.0 < ema <= 1.0:
@@ -92,7 +97,10 @@ class CostModel:
         self._scales = [1.0, 1.0]
         self._prefill: float | None = None  # calibrated seconds per draft prefill position
         self._shape = _ShapeCorrection()  # seeded: per pass size, calibrated → observed
-        self._memo: dict[int, float] = {}  # seeded: k → verify_time(k) until a verify observation
+        # seeded: [k] → the corrected calibration, never falling with k (see `verify_time`),
+        # before the scale; rebuilt when the corrections change
+        self._curve: list[float] = []
+        self._steps: dict[tuple[int, int], float] = {}  # (B, k) → step_time until an observation
         self.batch_size = 1  # decoding sequences in the step being planned (see `set_step`)
 
     def seed(self, draft_step_s: float, verify_times: dict[int, float],
@@ -110,7 +118,13 @@ class CostModel:
         if draft_prefill_s is not None:
             base._prefill = _check_seconds("draft_prefill_s", draft_prefill_s)
         self._base, self._scales, self._shape = base, [1.0, 1.0], _ShapeCorrection()
-        self._memo = {}
+        self._curve, self._steps = [], {}
+
+    @property
+    def seeded(self) -> bool:
+        """Whether a calibration fixes the shape: then pass and step times never fall as
+        rows or drafts grow (unseeded measured points may, by noise)."""
+        return self._base is not None
 
     def snapshot(self) -> dict:
         """What the model currently believes, for reports: seconds of drafting k tokens and
@@ -118,7 +132,7 @@ class CostModel:
         observed / calibrated scales once seeded."""
         verify = self._base._verify.values if self._base is not None else self._verify.values
         ks = sorted({0, *verify})
-        return {"seeded": self._base is not None,
+        return {"seeded": self.seeded,
                 "scales": [self._draft_scale(), self._scales[1]] if self._base is not None
                 else None,
                 "draft_s": {k: self.draft_time(k) for k in ks if k > 0},
@@ -128,6 +142,7 @@ class CostModel:
         """One round's drafting took `seconds` for `num_steps` draft steps (0: no drafting)."""
         if num_steps > 0:
             seconds = _check_seconds("seconds", seconds)
+            self._steps.clear()
             if self._base is not None:
                 self._rescale(0, seconds, self._base.draft_time(num_steps) * self._scales[1])
             else:
@@ -137,11 +152,12 @@ class CostModel:
     def observe_verify(self, k: int, seconds: float) -> None:
         """A target pass over k + 1 rows took `seconds` (k = 0: a plain decode step)."""
         seconds, k = _check_seconds("seconds", seconds), _check_k(k)
+        self._steps.clear()
         if self._base is not None:
-            self._memo.clear()
             calibrated = self._base.verify_time(k)
             self._rescale(1, seconds, calibrated * self._shape.factor(k))
-            self._shape.observe(k, seconds / max(calibrated * self._scales[1], 1e-12))
+            if self._shape.observe(k, seconds / max(calibrated * self._scales[1], 1e-12)):
+                self._curve = []
         else:
             self._verify.update(k, seconds)
             self._lines = None
@@ -167,11 +183,11 @@ class CostModel:
 
     def verify_time(self, k: int) -> float:
         if self._base is not None:
-            seconds = self._memo.get(k)
-            if seconds is None:
-                seconds = self._memo[k] = (self._base.verify_time(k) * self._scales[1]
-                                           * self._shape.factor(k))
-            return seconds
+            curve = self._curve
+            for j in range(len(curve), k + 1):  # never below a smaller pass's
+                curve.append(max(curve[-1] if curve else 0.0,
+                                 self._base.verify_time(j) * self._shape.factor(j)))
+            return curve[k] * self._scales[1]
         measured = self._verify.values.get(k)
         return measured if measured is not None else self._fits()[1].at(k + 1)
 
@@ -198,8 +214,14 @@ class CostModel:
         self.batch_size = max(batch_size, 1)
 
     def step_time(self, k: int) -> float:
-        """Estimated seconds of the step if each of its sequences drafts k (see the module doc)."""
-        return self.draft_time(k) + self.pass_time(self.batch_size * (k + 1))
+        """Estimated seconds of the step if each of its sequences drafts k (see the module doc).
+        Kept until the next observation: every sequence's policy asks, every step."""
+        key = (self.batch_size, k)
+        seconds = self._steps.get(key)
+        if seconds is None:
+            seconds = self._steps[key] = self.draft_time(k) + self.pass_time(
+                self.batch_size * (k + 1))
+        return seconds
 
     def _fits(self) -> tuple[_Line, _Line]:
         if self._lines is None:
@@ -231,7 +253,7 @@ class _ShapeCorrection:
     """Seeded pass times' correction per size k (see the `CostModel` doc): `residual[k]`, a
     slow EMA of observed / (calibrated × scale); `weight[k]`, its observations, fading."""
 
-    __slots__ = ("residual", "weight", "count", "_factors", "_below")
+    __slots__ = ("residual", "weight", "count", "_factors", "_below", "_pending")
 
     def __init__(self) -> None:
         self.residual: dict[int, float] = {}
@@ -239,20 +261,31 @@ class _ShapeCorrection:
         self.count: dict[int, int] = {}
         self._factors: dict[int, float] = {}
         self._below: list[int] = []  # the corrected sizes, ascending
+        self._pending = 0  # observations since the corrections were recomputed
 
-    def observe(self, k: int, ratio: float) -> None:
+    def observe(self, k: int, ratio: float) -> bool:
+        """One pass of size k took `ratio` times its calibrated, scaled time. Returns whether
+        the corrections changed: they are recomputed every `SHAPE_REFRESH` observations and
+        when a size has just been seen often enough to be corrected (every step observes one
+        pass, and the residuals move by `SHAPE_EMA` at most, so a few steps' lag is nothing;
+        recomputing costs every planner's price curve)."""
         count = self.count[k] = self.count.get(k, 0) + 1
         old = self.residual.get(k, 1.0)
         self.residual[k] = old + max(SHAPE_EMA, 1.0 / count) * (ratio - old)
         for size in self.weight:
             self.weight[size] *= 1.0 - SHAPE_DECAY
         self.weight[k] = self.weight.get(k, 0.0) + 1.0
+        self._pending += 1
+        if self._pending < SHAPE_REFRESH and count != MIN_SHAPE_OBSERVATIONS:
+            return False
+        self._pending = 0
         total = sum(self.weight.values())
         mean = sum(self.weight[s] * self.residual[s] for s in self.weight) / total
         lo, hi = SHAPE_BOUNDS
         self._factors = {s: min(hi, max(lo, r / mean)) for s, r in self.residual.items()
                          if self.count[s] >= MIN_SHAPE_OBSERVATIONS}
         self._below = sorted(self._factors)
+        return True
 
     def factor(self, k: int) -> float:
         """A corrected size's factor; an uncorrected one's: the nearest corrected size

@@ -78,3 +78,68 @@ def test_starting_the_drafter_follows_what_the_request_has_learned():
         hostile.observe(2, 0)
     assert not hostile.worth_starting(1000, 0.0)
     assert confident(cost).worth_starting(1000, 0.5)
+
+
+class Unpruned:
+    """The same cost model with its calibration hidden from the search's shortcut (which
+    needs step times that never fall with k): the search then tries every k."""
+
+    seeded = False
+
+    def __init__(self, cost: CostModel) -> None:
+        self._cost = cost
+
+    def __getattr__(self, name):
+        return getattr(self._cost, name)
+
+
+class Counting(Unpruned):
+    """The same cost model, shortcut allowed, counting the step times asked for."""
+
+    seeded = True
+
+    def __init__(self, cost: CostModel) -> None:
+        super().__init__(cost)
+        self.calls = 0
+
+    def step_time(self, k: int) -> float:
+        self.calls += 1
+        return self._cost.step_time(k)
+
+
+def test_the_searchs_early_stop_picks_what_trying_every_k_picks():
+    import random
+
+    rng = random.Random(0)
+    stopped_early = 0
+    for trial in range(200):
+        slope = rng.uniform(0.0, 1.2)
+        cost = seeded(lambda rows, s=slope: DECODE * (1 + s * (rows - 1) ** rng.uniform(0.5, 1.5)))
+        for _ in range(rng.randint(0, 30)):  # served passes: shape corrections, scales
+            cost.observe_verify(rng.randint(0, 20), DECODE * rng.uniform(0.5, 3.0))
+        max_k = rng.randint(1, 16)
+        policy = CostAwarePolicy(cost, max_k=max_k)
+        for _ in range(rng.randint(0, 20)):
+            k = rng.randint(1, max_k)
+            policy.observe(k, min(k, int(rng.expovariate(1 / rng.uniform(0.2, 6)))))
+        full = CostAwarePolicy(Unpruned(cost), max_k=max_k)
+        full._tried, full._accepted = policy._tried, policy._accepted
+        cost.set_step(rng.randint(1, 8))
+        for optimism in (-1.0, 0.0, 1.0):
+            limit = rng.randint(1, 20)
+            assert policy.best_k(limit, optimism) == full.best_k(limit, optimism), trial
+        counting = CostAwarePolicy(Counting(cost), max_k=max_k)
+        counting._tried, counting._accepted = policy._tried, policy._accepted
+        counting.best_k(16)
+        stopped_early += counting.cost.calls < min(16, max_k) + 1
+    assert stopped_early > 20  # the shortcut is taken, not only harmless
+
+
+def test_a_pass_over_more_rows_is_never_priced_below_a_smaller_one():
+    cost = seeded(lambda rows: DECODE * (1 + 0.1 * (rows - 1)))
+    for _ in range(40):  # 9-row passes served at a third of their calibrated price
+        cost.observe_verify(0, DECODE)
+        cost.observe_verify(8, DECODE * 1.8 / 3)
+    times = [cost.pass_time(rows) for rows in range(1, 20)]
+    assert times == sorted(times)
+    assert cost.pass_time(9) == cost.pass_time(8)  # the cheap size takes its smaller one's price
