@@ -12,6 +12,7 @@ from specserve.speculative.controller import (BACKOFF_AFTER, LOOKUP, MAX_BACKOFF
 from specserve.speculative.cost_model import CostModel
 from specserve.speculative.drafter import Proposal
 from specserve.speculative.metrics import SpecMetrics
+from tests.speculative.unpruned import Unpruned
 
 MEMORY_BOUND = {k: 0.050 + 0.001 * k for k in range(17)}  # extra rows nearly free
 COMPUTE_BOUND = {k: 0.050 * (k + 1) for k in range(17)}  # every row a decode step's worth
@@ -401,19 +402,6 @@ def test_every_idle_reason_has_words_on_the_page_and_in_the_demo():
     for reason in IDLE_REASONS:
         assert f"{reason}:" in words, reason
     assert set(IDLE_WORDS) == set(IDLE_REASONS)
-
-
-class Unpruned:
-    """The same cost model with its calibration hidden from the budget's early stop (which
-    needs pass times that never fall with rows): the budget then tries every prefix."""
-
-    seeded = False
-
-    def __init__(self, model: CostModel) -> None:
-        self._model = model
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
 
 
 def test_the_budgets_early_stop_chooses_what_trying_every_prefix_chooses():

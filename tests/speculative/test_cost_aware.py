@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from specserve.speculative.cost_model import CostModel
 from specserve.speculative.cost_aware import CostAwarePolicy
+from tests.speculative.unpruned import Unpruned
 
 DECODE = 0.05  # seconds of a one-row pass
 
@@ -80,19 +81,6 @@ def test_starting_the_drafter_follows_what_the_request_has_learned():
     assert confident(cost).worth_starting(1000, 0.5)
 
 
-class Unpruned:
-    """The same cost model with its calibration hidden from the search's shortcut (which
-    needs step times that never fall with k): the search then tries every k."""
-
-    seeded = False
-
-    def __init__(self, cost: CostModel) -> None:
-        self._cost = cost
-
-    def __getattr__(self, name):
-        return getattr(self._cost, name)
-
-
 class Counting(Unpruned):
     """The same cost model, shortcut allowed, counting the step times asked for."""
 
@@ -104,7 +92,7 @@ class Counting(Unpruned):
 
     def step_time(self, k: int) -> float:
         self.calls += 1
-        return self._cost.step_time(k)
+        return self._model.step_time(k)
 
 
 def test_the_searchs_early_stop_picks_what_trying_every_k_picks():
