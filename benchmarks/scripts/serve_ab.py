@@ -51,9 +51,8 @@ def prompt_pool(which: str) -> list[tuple[str, str]]:
 def stream(port: int, request: tuple[str, int], args, api_key: str | None,
            arrivals: list | None = None) -> dict:
     """One streamed chat completion of `request` (text, max_tokens): output tokens, TTFT and
-    end-to-end seconds; with
-    `arrivals`, each content chunk's (arrival time, tokens) is appended to it (the tokens from
-    the chunk's `origins` where the server gives them, else 1: one token per chunk)."""
+    end-to-end seconds; with `arrivals`, each content chunk's (arrival time, tokens) is appended
+    to it (the tokens from the chunk's `origins` where the server gives them, else 1)."""
     text, max_tokens = request
     body = {"model": args.model, "messages": [{"role": "user", "content": text}],
             "max_tokens": max_tokens, "temperature": args.temperature, "seed": 0,

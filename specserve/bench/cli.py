@@ -152,8 +152,8 @@ def cmd_concurrency(args) -> int:
     log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s) and {draft.path.name} "
         f"({draft.load_seconds:.1f}s)")
     bench = Bench(target, draft, build(BenchOptions, args))
-    pool = [bench.prompt_ids(t) for t in texts] if args.sustained else None
-    longest = max(len(bench.prompt_ids(t)) for t in texts) + 16
+    ids = [bench.prompt_ids(t) for t in texts]
+    longest = max(map(len, ids)) + 16
     llms = []
     for cfg in configs:
         spec = dict(cfg.spec, model=str(draft.path)) if cfg.spec else None
@@ -167,7 +167,7 @@ def cmd_concurrency(args) -> int:
         for rep in range(args.repeats):
             for cfg, llm in zip(configs, llms):
                 if args.sustained:  # the same requests for every configuration
-                    run = cc.run_sustained(llm, pool, level, args.max_tokens, 0.0,
+                    run = cc.run_sustained(llm, ids, level, args.max_tokens, 0.0,
                                            args.sustained, args.sustained / 6)
                 else:
                     prompts = cc.unique_prompts(bench, texts, level, offset)

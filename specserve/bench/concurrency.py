@@ -113,8 +113,8 @@ def run_sustained(llm, prompts: list[list[int]], level: int, max_tokens: int,
             if d.finished:
                 done.append(d.output.outputs[0])
                 submit()
-    for seq in list(engine.scheduler.running) + list(engine.scheduler.waiting):
-        engine.abort_request(seq.request_id)
+    for request_id in engine.request_ids():
+        engine.abort_request(request_id)
     while engine.has_unfinished():
         engine.step()
     if not done:

@@ -333,9 +333,8 @@ class SpeculationController:
         # slower than the cap allows for it, every longer prefix is too where a pass over
         # more rows never costs less (a calibrated cost model), so the search stops there
         fair_bound = (1.0 + SLOWDOWN_CAP) * base_time * min(
-            (g + sum(o.survival) * (not o.forced) for g, o in zip(gains, offers)), default=1.0)
-        if not self.cost.seeded:
-            fair_bound = math.inf
+            (g + sum(o.survival) * (not o.forced) for g, o in zip(gains, offers)), default=1.0
+        ) if self.cost.seeded else math.inf
         for neg_s, pos, i in slots:
             assert counts[i] == pos, "slots of one sequence are taken in order"
             counts[i] += 1
