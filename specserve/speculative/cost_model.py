@@ -78,6 +78,8 @@ class CostModel:
     and then, and a size never observed takes the correction of the nearest observed size
     below it when that one proved cheaper than calibrated (never dearer: a size priced too
     high is never run and never corrected, one priced too low is run, seen and corrected).
+    The converse, a plain pass over-priced while the engine drafts every step and so never
+    times it, makes drafts look cheap: the controller's downward probes time it (`seen`).
     """
 
     __slots__ = ("_draft", "_verify", "_lines", "_ema", "_base", "_scales", "_prefill",
@@ -208,6 +210,12 @@ class CostModel:
     def pass_time(self, rows: int) -> float:
         """Estimated seconds of a target pass over `rows` rows (any mix of sequences)."""
         return self.verify_time(max(rows, 1) - 1)
+
+    def seen(self, rows: int) -> float:
+        """How often a pass over `rows` rows was timed lately (its fading weight in the shape
+        correction; 0 before a calibration): the controller's downward probes time a size
+        the serving passes have stopped showing."""
+        return self._shape.weight.get(max(rows, 1) - 1, 0.0) if self._base is not None else 0.0
 
     def set_step(self, batch_size: int) -> None:
         """The step being planned decodes `batch_size` sequences."""

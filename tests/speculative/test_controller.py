@@ -8,7 +8,8 @@ from specserve.engine.outputs import SpeculationOverride
 from specserve.speculative.candidate import Candidate
 from specserve.speculative.config import SpeculativeConfig
 from specserve.speculative.controller import (BACKOFF_AFTER, LOOKUP, MAX_BACKOFF, MODEL,
-                                             PROBE_EVERY, SLOWDOWN_CAP, SpeculationController)
+                                             PROBE_DOWN_EVERY, PROBE_EVERY, SEEN_LATELY,
+                                             SLOWDOWN_CAP, SpeculationController)
 from specserve.speculative.cost_model import CostModel
 from specserve.speculative.drafter import Proposal
 from specserve.speculative.metrics import SpecMetrics
@@ -428,6 +429,7 @@ def test_the_budgets_early_stop_chooses_what_trying_every_prefix_chooses():
         full = controller(MODERATE, {})
         ctrl.cost, full.cost = model, Unpruned(model)
         ctrl.probe_every = full.probe_every = 10 ** 9
+        ctrl.probe_down_every = full.probe_down_every = 10 ** 9
         model.set_step(len(offers))
         asked = []
         step_seconds = ctrl._step_seconds
@@ -438,3 +440,53 @@ def test_the_budgets_early_stop_chooses_what_trying_every_prefix_chooses():
         slots = sum(len(o.survival) for o in offers if not o.forced)
         stopped += len(asked) < slots + 1
     assert stopped > 30 and drafted > 30  # the early stop is taken, not only harmless
+
+
+def test_downward_probes_stop_drafts_a_calibration_made_look_cheap():
+    """At 8 sequences every extra row costs a row's worth of a plain pass (compute-bound), so
+    one row with a survival below 1 never pays; but start-up timed the plain pass of the
+    batch 12% dear, which made one draft row look nearly free. Drafting every step, the
+    engine never times a plain pass again and drafts at a loss for ever, unless it probes
+    down: once every PROBE_DOWN_EVERY steps that drafted, a step without its least likely
+    slot times the smaller pass; after a few the price is right and drafting stops."""
+    batch = 8
+    truth = {k: 0.050 * max(1.0, (k + 1) / batch) for k in range(40)}
+    dear = {k: (0.056 if k < batch else s) for k, s in truth.items()}
+    match = {0: weak_match(1)}  # one slot in the batch, likely but not certain
+    seqs = [Seq(i) for i in range(batch)]
+
+    def engine(calibration, down_every=PROBE_DOWN_EVERY):
+        spec = SpeculativeConfig(method="suffix", num_speculative_tokens=-1)
+        ctrl = SpeculationController(spec, cost(calibration), Lookup(match))
+        ctrl.probe_down_every = down_every
+        for seq in seqs:
+            ctrl.add(seq)
+        return ctrl
+
+    right = engine(truth)
+    assert sum(map(sum, serve(right, seqs, truth, 512))) == right.probes <= 512 // PROBE_EVERY
+    never = engine(dear, down_every=1 << 30)  # without downward probes: at a loss for ever
+    assert sum(map(sum, serve(never, seqs, truth, 512))) >= 500
+    ctrl = engine(dear)
+    first = serve(ctrl, seqs, truth, PROBE_DOWN_EVERY)
+    assert [sum(ks) for ks in first] == [1] * (PROBE_DOWN_EVERY - 1) + [0]  # the first probe
+    serve(ctrl, seqs, truth, 12 * PROBE_DOWN_EVERY)
+    assert ctrl.cost.pass_time(batch) == pytest.approx(truth[batch - 1], rel=0.05)
+    late = serve(ctrl, seqs, truth, 512)
+    assert sum(map(sum, late)) <= 512 // PROBE_EVERY + 1  # only the upward probes now
+
+
+def test_a_downward_probe_waits_for_a_size_not_seen_lately():
+    """Where the price is right and the smaller pass is never run otherwise (a trusted match
+    drafts all it can every step), the downward probes drop one row once every
+    PROBE_DOWN_EVERY drafting steps until that size was seen SEEN_LATELY times, then only as
+    often as its weight fades (one observation's worth per ~128 steps): the price stays."""
+    ctrl = controller(MEMORY_BOUND, {0: long_match(8)})
+    seq = Seq(0)
+    ctrl.add(seq)
+    first = serve(ctrl, [seq], MEMORY_BOUND, int(SEEN_LATELY) * PROBE_DOWN_EVERY)
+    assert [ks[0] for ks in first] == ([8] * (PROBE_DOWN_EVERY - 1) + [7]) * int(SEEN_LATELY)
+    later = serve(ctrl, [seq], MEMORY_BOUND, 512)
+    assert 1 <= sum(8 - ks[0] for ks in later) == ctrl.probes_down - SEEN_LATELY <= 5
+    assert ctrl.cost.pass_time(8) == pytest.approx(MEMORY_BOUND[7], rel=0.02)
+    assert ctrl.cost.pass_time(9) == pytest.approx(MEMORY_BOUND[8], rel=0.02)
