@@ -35,7 +35,8 @@ The choice, for a step decoding B sequences (see `cost_aware.py` for the single-
    it sees; one whose start-up calibration over-priced extra rows (another process shared
    the cores while it timed them) would never verify a draft, never see a larger pass and
    never learn (a server seeded so drafted 73 tokens in 4,011 rounds). So once every
-   `PROBE_EVERY` steps in which the budget left out a lookup slot, the step verifies one
+   `PROBE_EVERY` steps in which the budget left out a lookup slot (or a sequence did not
+   look, backed off for offers not taken), the next step that leaves one out verifies one
    more: the likeliest left out. That pass size is then timed by serving; a few such passes
    correct its price (`cost_model.py`), and if it pays, the next size is probed from there.
    It costs one row in `PROBE_EVERY` steps where the price was right.
@@ -234,8 +235,10 @@ class SpeculationController:
 
     def _back_off(self, seq, st: SeqSpeculation, k: int, batch: int) -> None:
         """Looking costs host time every round (a search of the context and the shared
-        cache: ~1% of a step per sequence at four sequences), so a sequence that copies less
-        than the engine's average (its fit below 1) and has drafted nothing for
+        cache: ~1% of a step per sequence at four sequences), so a sequence that has not
+        copied better than the engine's average (its fit at most 1: below it, or no record
+        yet, as for a story at eight sequences whose one-row offers never pay there, which
+        looked every round) and has drafted nothing for
         `BACKOFF_AFTER` looks in a row, in a batch (where that time adds up and a verify row
         costs more), looks only every second round, then third, then fourth, until a look
         drafts again. Not while its draft model runs (that would make it catch up)."""
@@ -243,7 +246,7 @@ class SpeculationController:
             st.idle = st.wait = 0
         elif st.reason in ("no_match", "did_not_pay"):
             st.idle += 1
-            if (batch > 1 and st.fit.factor() < 1.0 and st.fixed_k is None
+            if (batch > 1 and st.fit.factor() <= 1.0 and st.fixed_k is None
                     and (self.model is None or not self.model.started(seq))):
                 st.wait = min(st.idle // BACKOFF_AFTER, MAX_BACKOFF)
 
@@ -372,9 +375,9 @@ class SpeculationController:
         much smaller was not timed lately (see the module doc, step 3)."""
         left_out = [(neg_s, i) for neg_s, pos, i in slots
                     if pos == chosen[i] and offers[i].source == LOOKUP]
-        if left_out:
+        if left_out or any(o.reason == "backed_off" for o in offers):  # (it left all out)
             self._left_out += 1
-            if self._left_out >= self.probe_every:
+            if left_out and self._left_out >= self.probe_every:
                 self._left_out = 0
                 self.probes += 1
                 chosen = list(chosen)

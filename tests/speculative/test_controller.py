@@ -310,6 +310,30 @@ def test_a_batched_sequence_whose_lookups_never_pay_looks_less_often_until_one_d
     assert "backed_off" not in seq.metrics.idle
 
 
+def test_in_a_batch_offers_that_never_pay_back_off_unless_the_sequence_proved_it_copies():
+    """Eight sequences on a compute-bound machine: one weak row per sequence never pays, so
+    their offers are never taken. A sequence with no record yet (fit exactly 1) stops
+    looking every round after BACKOFF_AFTER such looks (it looked every round at eight
+    sequences, ~1% of each step in host time); one whose record shows it copies better
+    than the table (fit above 1) keeps looking."""
+    batch = 8
+    ctrl = controller(COMPUTE_BOUND, {i: weak_match(1) for i in range(batch)})
+    seqs = [Seq(i) for i in range(batch)]
+    for seq in seqs:
+        ctrl.add(seq)
+    ctrl.state(seqs[0]).fit.accepted = 4.0  # it has copied more than the table expected
+    assert ctrl.state(seqs[0]).fit.factor() > 1.0 == ctrl.state(seqs[1]).fit.factor()
+    reasons = [[] for _ in seqs]
+    for _ in range(32):
+        run_rounds(ctrl, seqs, lambda seq, k: k, 1)
+        for i, seq in enumerate(seqs):
+            reasons[i].append(ctrl.state(seq).reason)
+    assert "backed_off" not in reasons[0] and reasons[0].count("did_not_pay") == 32
+    for rs in reasons[1:]:
+        assert rs[:BACKOFF_AFTER] == ["did_not_pay"] * BACKOFF_AFTER
+        assert rs.count("backed_off") >= 16
+
+
 def test_while_prompts_wait_to_prefill_the_drafts_take_at_most_the_rows_allowed():
     """Verify rows share a step's token budget with prefill chunks: with a bound, the step
     drafts no more rows than that, and they are the likeliest to survive."""
