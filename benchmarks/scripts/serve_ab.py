@@ -33,6 +33,8 @@ from specserve.bench import workloads
 from specserve.bench.request_pool import POOLS, distinct_pool
 
 PROMPTS = ("code_edit", "creative", "summarize", "chat_short")
+
+
 def request_tokens(args, index: int) -> int:
     """The max_tokens of the pool's prompt `index` (see --vary-tokens)."""
     if not args.vary_tokens:

@@ -51,10 +51,10 @@ The choice, for a step decoding B sequences (see `cost_aware.py` for the single-
 
 A sequence whose plan is k = 0 costs what plain decoding costs: no draft model runs for it
 (unless it is catching up a started draft's prefill), and the lookup is a host-side search.
-That search is the one cost left, so a sequence that copies poorly, in a batch, looks less
-often (`_back_off`); each request's short matches are priced by its own record as well as
-the engine's table (`match_stats.RequestFit`), and the cost model learns from the passes it
-sees which pass sizes its start-up calibration got wrong (`cost_model.py`).
+That search is the one cost left, so a sequence that copies poorly (or has not yet), in a
+batch, looks less often (`_back_off`); each request's short matches are priced by its own
+record as well as the engine's table (`match_stats.RequestFit`), and the cost model learns
+from the passes it sees which pass sizes its start-up calibration got wrong (`cost_model.py`).
 """
 
 from __future__ import annotations
@@ -237,11 +237,11 @@ class SpeculationController:
         """Looking costs host time every round (a search of the context and the shared
         cache: ~1% of a step per sequence at four sequences), so a sequence that has not
         copied better than the engine's average (its fit at most 1: below it, or no record
-        yet, as for a story at eight sequences whose one-row offers never pay there, which
-        looked every round) and has drafted nothing for
-        `BACKOFF_AFTER` looks in a row, in a batch (where that time adds up and a verify row
-        costs more), looks only every second round, then third, then fourth, until a look
-        drafts again. Not while its draft model runs (that would make it catch up)."""
+        yet, as for a story at eight sequences whose one-row offers never pay there) and has
+        drafted nothing for `BACKOFF_AFTER` looks in a row, in a batch (where that time adds
+        up and a verify row costs more), looks only every second round, then third, then
+        fourth, until a look drafts again. Not while its draft model runs (that would make
+        it catch up)."""
         if k:
             st.idle = st.wait = 0
         elif st.reason in ("no_match", "did_not_pay"):
@@ -375,7 +375,7 @@ class SpeculationController:
         much smaller was not timed lately (see the module doc, step 3)."""
         left_out = [(neg_s, i) for neg_s, pos, i in slots
                     if pos == chosen[i] and offers[i].source == LOOKUP]
-        if left_out or any(o.reason == "backed_off" for o in offers):  # (it left all out)
+        if left_out or any(o.reason == "backed_off" for o in offers):  # (left out unlooked)
             self._left_out += 1
             if left_out and self._left_out >= self.probe_every:
                 self._left_out = 0
