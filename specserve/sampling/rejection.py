@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specserve.sampling.processors import argmax_rows
 from specserve.sampling.round_checks import check_round, check_uniform, check_verify_args
 
 KINDS = ("recovered", "bonus", "none")
@@ -95,12 +96,12 @@ def verify_greedy(draft_tokens: Tensor, target_probs_or_logits: Tensor,
                   bonus_token: bool = True) -> VerifyResult:
     """Greedy verification: accept while argmax p_i == x_i, then emit argmax p_i.
 
-    Ties go to the lowest index (torch.argmax). No budget is spent: tv_distances are zeros.
+    Ties go to the lowest index (as torch.argmax: `argmax_rows`). No budget is spent: tv_distances are zeros.
     With k = 0 the argmax of row 0 is emitted whatever `bonus_token` says.
     """
     drafts = check_round(draft_tokens, target_probs_or_logits)
     k = len(drafts)
-    best = target_probs_or_logits.argmax(-1).tolist()  # [k + 1]
+    best = argmax_rows(target_probs_or_logits)  # [k + 1]
     num_accepted = next((i for i, x in enumerate(drafts) if best[i] != x), k)
     if num_accepted < k:
         return VerifyResult(drafts[:num_accepted] + [best[num_accepted]], num_accepted,

@@ -49,7 +49,7 @@ from typing import Protocol
 
 import torch
 
-from specserve.sampling.processors import needs_history, processed_probs
+from specserve.sampling.processors import argmax_rows, needs_history, processed_probs
 from specserve.sampling.rejection import sample_from
 from specserve.speculative.drafter import EMPTY, DraftSequence, Proposal
 
@@ -279,7 +279,7 @@ class DraftModelDrafter:
         history = seq.token_ids + st.tokens if needs_history(seq.params) else seq.token_ids
         probs = processed_probs(logits, seq.params, history, seq.prompt_len)
         if seq.params.greedy:
-            st.tokens.append(int(probs[0].argmax()))
+            st.tokens.append(argmax_rows(probs[:1])[0])
         else:
             u = torch.rand((), generator=seq.generator)
             st.tokens.append(sample_from(probs[0], u))

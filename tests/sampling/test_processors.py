@@ -68,6 +68,17 @@ def test_greedy_ties_go_to_the_lowest_token_id():
     assert probs[0].tolist() == [0.0, 1.0, 0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_argmax_rows_matches_torch_argmax_on_ties_nans_and_strided_rows(dtype):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(-3, 4, (64, 301), generator=g).to(dtype)  # many ties per row
+    logits[5, 7] = logits[9, 300] = float("nan")
+    logits[11] = float("-inf")
+    logits[13, 2] = logits[13, 5] = float("inf")
+    for view in (logits, logits[:, 1:], logits[::3], logits.t().contiguous().t()):
+        assert processors.argmax_rows(view) == view.argmax(dim=-1).tolist()
+
+
 def test_top_k_one_is_one_hot_even_at_high_temperature():
     probs = run(torch.tensor([[0.3, 0.2, 0.9, 0.1]]), temperature=5.0, top_k=1)
     assert probs[0].tolist() == [0.0, 0.0, 1.0, 0.0]
