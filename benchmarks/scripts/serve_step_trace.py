@@ -92,7 +92,8 @@ def summary(path: str) -> None:
         print(f"| {b} | {rows} | {len(group)} | {seconds * 1e3:.1f} ms | "
               f"{statistics.median(predicted) * 1e3 if predicted else 0:.1f} ms | "
               f"{tokens:.2f} | {tokens / seconds:.1f} |")
-    print("\n| B | steps | median step ms | pass ms | forward ms | plan ms | gap to the next step ms |")
+    print("\n| B | steps | median step ms | pass ms | forward ms | plan ms | "
+          "gap to the next step ms |")
     print("|---|---|---|---|---|---|---|")
     by_b = collections.defaultdict(list)
     for s, nxt in zip(steps, steps[1:] + [None]):

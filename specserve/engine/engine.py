@@ -31,7 +31,7 @@ from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.entropy import entropy_budgets, gate_distribution
 from specserve.sampling.fly import FlySettings, verify_fly
 from specserve.sampling.params import SamplingParams
-from specserve.sampling.processors import needs_history, processed_probs
+from specserve.sampling.processors import greedy_scores, processed_probs
 from specserve.sampling.rejection import VerifyResult, verify, verify_greedy
 from specserve.speculative.controller import SpeculationController
 from specserve.speculative.drafter import EMPTY, Proposal
@@ -339,9 +339,7 @@ class LLMEngine:
         bonus = self.spec.config.bonus_token if self.spec else True
         fly = FlySettings.of(params) if prop.k >= 2 else None
         if params.greedy and seq.tv_budget == 0.0 and fly is None:
-            # the logits' own argmax where no penalty moves it: no one-hot [k + 1, vocab] rows
-            scores = logits if not needs_history(params) else processed_probs(
-                logits, params, seq.token_ids, seq.prompt_len, drafts)
+            scores = greedy_scores(logits, params, seq.token_ids, seq.prompt_len, drafts)
             return verify_greedy(drafts, scores, bonus)
         target_probs = processed_probs(logits, params, seq.token_ids, seq.prompt_len,
                                        drafts)  # [k + 1, vocab]

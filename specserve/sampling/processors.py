@@ -155,6 +155,16 @@ def _row_counts(tokens: Tensor, drafted: Tensor, num_rows: int, width: int) -> T
     return counts
 
 
+def greedy_scores(logits: Tensor, params: SamplingParams, history: Sequence[int] | Tensor,
+                  prompt_len: int, draft_tokens: Tensor | None = None) -> Tensor:
+    """What a greedy row's token is the argmax of (`argmax_rows`): the logits themselves
+    where no penalty moves them (no one-hot `[n, vocab]` rows are built), else the processed
+    one-hot rows (arguments as `processed_probs`)."""
+    if not needs_history(params):
+        return logits
+    return processed_probs(logits, params, history, prompt_len, draft_tokens)
+
+
 def argmax_rows(scores: Tensor) -> list[int]:
     """Each row's argmax of `[n, vocab]` scores (the lowest index among ties; a NaN counts
     as the largest, as in `torch.argmax`). On the host, float32 rows go through NumPy,

@@ -96,8 +96,9 @@ def verify_greedy(draft_tokens: Tensor, target_probs_or_logits: Tensor,
                   bonus_token: bool = True) -> VerifyResult:
     """Greedy verification: accept while argmax p_i == x_i, then emit argmax p_i.
 
-    Ties go to the lowest index (as torch.argmax: `argmax_rows`). No budget is spent: tv_distances are zeros.
-    With k = 0 the argmax of row 0 is emitted whatever `bonus_token` says.
+    Ties go to the lowest index (as torch.argmax: `argmax_rows`). No budget is spent:
+    tv_distances are zeros. With k = 0 the argmax of row 0 is emitted whatever `bonus_token`
+    says.
     """
     drafts = check_round(draft_tokens, target_probs_or_logits)
     k = len(drafts)

@@ -49,7 +49,8 @@ from typing import Protocol
 
 import torch
 
-from specserve.sampling.processors import argmax_rows, needs_history, processed_probs
+from specserve.sampling.processors import (argmax_rows, greedy_scores, needs_history,
+                                           processed_probs)
 from specserve.sampling.rejection import sample_from
 from specserve.speculative.drafter import EMPTY, DraftSequence, Proposal
 
@@ -277,10 +278,11 @@ class DraftModelDrafter:
         logits = self._align(logits)  # [1, target vocab]
         # the history is only read for penalties: skip copying the sequence when none are set
         history = seq.token_ids + st.tokens if needs_history(seq.params) else seq.token_ids
-        probs = processed_probs(logits, seq.params, history, seq.prompt_len)
         if seq.params.greedy:
-            st.tokens.append(argmax_rows(probs[:1])[0])
+            scores = greedy_scores(logits, seq.params, history, seq.prompt_len)
+            st.tokens.append(argmax_rows(scores[:1])[0])
         else:
+            probs = processed_probs(logits, seq.params, history, seq.prompt_len)
             u = torch.rand((), generator=seq.generator)
             st.tokens.append(sample_from(probs[0], u))
             st.probs.append(probs[0])

@@ -79,6 +79,17 @@ def test_argmax_rows_matches_torch_argmax_on_ties_nans_and_strided_rows(dtype):
         assert processors.argmax_rows(view) == view.argmax(dim=-1).tolist()
 
 
+def test_greedy_scores_are_the_logits_unless_a_penalty_moves_the_argmax():
+    logits = torch.tensor([[0.1, 3.0, -2.0, 2.9], [5.0, 1.0, 6.0, 0.0]])
+    plain = SamplingParams(temperature=0.0)
+    assert processors.greedy_scores(logits, plain, [1, 2], 0) is logits
+    penalised = SamplingParams(temperature=0.0, repetition_penalty=2.0)
+    scores = processors.greedy_scores(logits, penalised, [1, 2], 0, torch.tensor([0]))
+    expected = processed_probs(logits, penalised, [1, 2], 0, torch.tensor([0]))
+    torch.testing.assert_close(scores, expected, rtol=0, atol=0)
+    assert processors.argmax_rows(scores) == [3, 2] != processors.argmax_rows(logits) == [1, 2]
+
+
 def test_top_k_one_is_one_hot_even_at_high_temperature():
     probs = run(torch.tensor([[0.3, 0.2, 0.9, 0.1]]), temperature=5.0, top_k=1)
     assert probs[0].tolist() == [0.0, 0.0, 1.0, 0.0]
