@@ -23,7 +23,7 @@ import torch
 
 from specserve.bench.quality import distinct_n, target_nll
 from specserve.bench.suites import BenchConfig, uses_draft
-from specserve.bench.workloads import Session
+from specserve.bench.workloads import Session, load_session, sessions
 from specserve.llm import LLM
 from specserve.weights.loader import LoadedModel
 from specserve.options import option
@@ -50,12 +50,20 @@ class BenchOptions:
                                   "every call prefills its whole prompt, as the peers do; a "
                                   "session's later requests still reuse its earlier ones)")
     chat: bool = option(True, "send the prompts through the chat template")
+    prime_session: str = option("", "before every timed call of a session, run this shipped "
+                                "session untimed on the same engine, after its caches are "
+                                "emptied: the timed session meets a server that has served "
+                                "another one (its answers in the shared suffix cache where that "
+                                "is on, its prefixes in the prefix cache on every side)")
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "repeats", "seeds", "warmup_tokens"):
             require_int(name, getattr(self, name), minimum=1)
         for name in ("quality", "prefix_caching", "chat"):
             require_bool(name, getattr(self, name))
+        if self.prime_session and self.prime_session not in sessions():
+            raise ValueError(f"prime_session must be one of {list(sessions())}, "
+                             f"got {self.prime_session!r}")
 
 
 def machine_info(dtype: str) -> dict:
@@ -78,9 +86,14 @@ def machine_info(dtype: str) -> dict:
 
 class Bench:
     def __init__(self, target: LoadedModel, draft: LoadedModel | None, options: BenchOptions,
-                 progress=None) -> None:
+                 progress=None, primer: Session | None = None) -> None:
+        """`primer`: the session run before every timed session (default: the one
+        `options.prime_session` names, if any)."""
         self.target, self.draft, self.opt = target, draft, options
         self.progress = progress
+        if primer is None and options.prime_session:
+            primer = load_session(options.prime_session)
+        self.primer = primer
         self._nll_cache: dict[tuple, float] = {}
 
     def prompt_ids(self, text: "str | Session") -> list[int]:
@@ -135,6 +148,8 @@ class Bench:
                 if not self.opt.prefix_caching:  # nor with a session's earlier prefixes
                     llm.reset_prefix_cache()
                 if isinstance(prompt, Session):
+                    if self.primer is not None:  # untimed: a server that served another session
+                        self._session(llm, self.primer, cfg.temperature, seed)
                     out = self._session(llm, prompt, cfg.temperature, seed)
                 else:
                     params = SamplingParams(temperature=cfg.temperature, seed=seed,

@@ -63,3 +63,35 @@ def test_timed_calls_are_interleaved_round_robin(pair):
              "a", "hello cat")]
     order = [(j, rec["seed"]) for j, rec in bench.run_interleaved(jobs)]
     assert order == [(0, 0), (1, 0), (1, 1), (1, 2)]
+
+
+def test_a_primed_session_drafts_from_the_primers_answers(pair):
+    """`prime_session`: before each timed call of a session, the primer runs untimed on the
+    same engine after its caches are emptied. Primed with itself (the same requests, greedy:
+    the same answers), a session's every request drafts its answer from the shared cache, so
+    it accepts more than unprimed; every call starts from the same state, so the repeats read
+    alike; a name that is not a shipped session is refused."""
+    from specserve.bench.runner import Bench, BenchOptions
+    from specserve.bench.suites import BenchConfig
+    from specserve.bench.workloads import Session
+    from specserve.weights.loader import load_model
+
+    t, _, _ = pair
+    session = Session("You are a cat.", ("Tell me about the cat and the hat.",
+                                         "Tell me about the dog and the log."), False)
+    cfg = BenchConfig("suffix 4", {"method": "suffix", "num_speculative_tokens": 4}, 0.0, ("s",))
+    options = BenchOptions(max_tokens=12, repeats=2, seeds=1, quality=False)
+    target = load_model(t, "float32")
+    spec = {}
+    for primer in (None, session):
+        bench = Bench(target, None, options, primer=primer)
+        recs = [rec["speculative"] for _, rec in bench.run_interleaved([(cfg, "s", session)])]
+        assert len(recs) == 2
+        assert recs[0]["accepted"] == recs[1]["accepted"] and recs[0]["drafted"] == recs[1]["drafted"]
+        spec[primer is not None] = recs[0]
+    # 11 tokens after each prefill: two rounds of 4 drafts and a bonus, then no room to draft
+    assert spec[True]["accepted"] == spec[True]["drafted"] == 2 * 8, spec
+    assert spec[False]["accepted"] < spec[True]["accepted"], spec
+    with pytest.raises(ValueError, match="prime_session must be one of"):
+        BenchOptions(prime_session="poetry")
+    assert Bench(target, None, BenchOptions(prime_session="agent_session_ledger")).primer.turns

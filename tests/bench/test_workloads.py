@@ -134,12 +134,16 @@ def test_bench_without_matplotlib_skips_plots_and_keeps_reports(tmp_path, monkey
 
 
 def test_the_sessions_load_and_repeat_what_drafting_from_earlier_outputs_needs():
-    assert workloads.sessions() == ("agent_session", "code_revision_chat")
+    assert workloads.sessions() == ("agent_session", "agent_session_ledger", "code_revision_chat")
     agent = workloads.load_session("agent_session")
     assert not agent.history and len(agent.turns) >= 4
     # every agent turn is a new request carrying the same file and the same tool schema
     assert all("class Warehouse" in turn for turn in agent.turns)
     assert '"tool"' in agent.system
+    # the same agent on another file: what `--prime-session` serves before agent_session
+    ledger = workloads.load_session("agent_session_ledger")
+    assert ledger.system == agent.system and not ledger.history
+    assert all("class Ledger" in turn and "Warehouse" not in turn for turn in ledger.turns)
     chat = workloads.load_session("code_revision_chat")
     assert chat.history and len(chat.turns) >= 3 and "def parse_duration" in chat.turns[0]
     with pytest.raises(ValueError, match="session must be one of"):
