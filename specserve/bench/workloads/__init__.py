@@ -7,9 +7,11 @@ phrases and figures) and `chat_short` (one short chat turn). Each is a UTF-8 `.t
 beside this module; `specserve bench --list-workloads` shows them and `--prompt-file
 NAME=PATH` adds or replaces one.
 
-Two *sessions* are series of requests (`.json`: a system prompt, the user turns, and whether
+Three *sessions* are series of requests (`.json`: a system prompt, the user turns, and whether
 each request carries the conversation so far): `agent_session` (a coding agent: every turn a
-new request with the same tool schema and file, answered by a JSON tool call) and
+new request with the same tool schema and file, answered by a JSON tool call),
+`agent_session_ledger` (the same agent on another file: `specserve bench --prime-session`
+serves it before a timed session, as a server that has served another session) and
 `code_revision_chat` (a chat whose answers revise the code of an earlier turn). They show
 what drafting from earlier requests' outputs is worth.
 """
