@@ -54,7 +54,8 @@ class BenchOptions:
                                 "session untimed on the same engine, after its caches are "
                                 "emptied: the timed session meets a server that has served "
                                 "another one (its answers in the shared suffix cache where that "
-                                "is on, its prefixes in the prefix cache on every side)")
+                                "is on, its prefixes in the prefix cache on every side)",
+                                choices=("", *sessions()))
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "repeats", "seeds", "warmup_tokens"):
