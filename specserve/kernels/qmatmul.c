@@ -720,14 +720,13 @@ static int q_args_bad(int bits, int64_t rows, int64_t k, int64_t sb, const uint8
 /* 4, 6 bits: the rows one sweep over the tiles takes. A tile's weights (k/32 blocks of 256
  * bytes: 12 KB at k = 1536) stay in L2 while every group of rows passes over them, but the
  * rows' activations stream past once per tile, each byte read by a broadcast of the
- * multiply-adds: so a long pass sweeps the tiles once per block of rows whose activations fit
- * in LANE_ROW_BYTES (whole groups of rows; the weights are read once per block instead, from
- * memory: at 30 rows, ~0.6 byte per weight over 30 rows is 1/50 of a byte per multiply-add,
- * far below what the loop asks of L1). LANE_ROW_BYTES is about an L1 data cache (48 KB on Golden Cove, 32
- * KB on Zen 4): on a Sapphire Rapids class Xeon, 256 rows of 1536 inputs took 0.57-0.58x
- * the time with 48 KB blocks as with 256 KB ones (AVX-512 build; AVX2 0.90x), 24 KB and 96 KB
- * blocks as 48 KB, 128 KB ones 1.7x. A pass of up to LR rows is one block. A row's bits do not
- * depend on its block. */
+ * multiply-adds. So a long pass sweeps the tiles once per block of rows whose activations fit
+ * in LANE_ROW_BYTES, about an L1 data cache (whole groups of rows). The weights are read once
+ * per block instead, from memory: at 30 rows, ~0.6 byte per weight is 1/50 of a byte per
+ * multiply-add, far below what the loop asks of L1. On a Sapphire Rapids class Xeon (48 KB
+ * L1d), 256 rows of 1536 inputs took 0.57-0.58x the time with 48 KB blocks as with 256 KB
+ * ones (AVX-512 build; AVX2 0.90x); 24 and 96 KB blocks timed as 48 KB, 128 KB ones 1.7x. A
+ * pass of up to LR rows is one block. A row's bits do not depend on its block. */
 static int64_t lane_row_block(int bits, int64_t k) {
     const int64_t group = GROUP(bits), fit = LANE_ROW_BYTES / k / group * group;
     return fit > LR ? fit : LR;  /* a pass of up to LR rows (decode, verify) stays whole */
