@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 from specserve.options import option
+from specserve.sampling.structured import StructuredOutputsParams
 
 MAX_LOGPROBS = 20  # the OpenAI API's limit for `logprobs` / `top_logprobs`
 # Temperatures below this are greedy (as in vLLM): dividing float32 logits by them would
@@ -78,6 +79,9 @@ class SamplingParams:
     fly_entropy_threshold: float = option(0.3, "FLy: the target's top-k entropy from which a "
                                           "rejection may be deferred, in [0, 1]")
     fly_top_k: int = option(3, "FLy: the k of its entropy gate and of the draft's rank (>= 2)")
+    structured_outputs: StructuredOutputsParams | None = option(
+        None, "what the output must match: a JSON schema, any JSON object, a regex, a choice "
+        "or text around JSON values (see `sampling/structured.py`)", cli=False)
 
     def __post_init__(self) -> None:
         self._check_counts()
@@ -165,6 +169,10 @@ class SamplingParams:
     def _check_misc(self) -> None:
         for name in ("ignore_eos", "include_stop_str_in_output"):
             require_bool(name, getattr(self, name))
+        if self.structured_outputs is not None and not isinstance(
+                self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}")
         if self.tv_budget is not None:
             budget = require_real("tv_budget", self.tv_budget)
             if not 0 <= budget <= 1:
