@@ -12,7 +12,7 @@ def __getattr__(name: str):
 
         return LLM
     if name == "AsyncEngine":
-        from specserve.engine.async_engine import AsyncEngine
+        from specserve.clients.async_engine import AsyncEngine
 
         return AsyncEngine
     raise AttributeError(name)

@@ -117,9 +117,9 @@ def cmd_demo(args) -> int:
 
 def generate_speculation(args: argparse.Namespace) -> dict:
     """generate's speculation when no flag names a method: serve's default (one log line)."""
-    from specserve.server.cli import default_speculation_of
+    from specserve import default_speculation
 
-    return default_speculation_of(args)
+    return default_speculation.of_args(args)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ Speculation on the command line: `--speculative-config JSON` (vLLM's shape) is t
 unless given) choose the method, and every other `SpeculativeConfig` flag (`-k`, `--tv-budget`,
 ...) is laid over it. Without a JSON base or a method flag the command's default speculation
 is the base (`generate`: none, so a flag like `-k` alone is an error; `serve`: decided for the
-model given, `server/default_speculation.py`: hybrid with the default draft for the default
+model given, `default_speculation.decide`: hybrid with the default draft for the default
 pair or a target of its vocabulary, else suffix drafting, cost-aware k); a method flag starts
 from that method's own defaults. `--no-speculation` turns speculation off and contradicts
 every other speculation flag.
@@ -39,38 +39,22 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specserve.engine.config import EngineConfig
+from specserve.default_speculation import COST_AWARE, for_llm, hybrid_speculation  # noqa: F401
 from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.flags import add_flags, build, flag_errors, given
 from specserve.options import flag_name
 from specserve.speculative.config import SpeculativeConfig
 from specserve.weights.config import LoadConfig
 
-COST_AWARE = -1  # num_speculative_tokens: the cost-aware policy chooses k each round
-
 
 class _PairDefault:
-    """`LLM(...)`'s `speculative_config` when none is given (see `default_speculation`)."""
+    """`LLM(...)`'s `speculative_config` when none is given (`default_speculation.for_llm`)."""
 
     def __repr__(self) -> str:
         return "<the default pair's speculation>"
 
 
 PAIR_DEFAULT = _PairDefault()
-
-
-def hybrid_speculation(draft: str = DEFAULT_DRAFT) -> dict:
-    """Hybrid speculation with `draft`, cost-aware k: the default pair's (serve's and
-    generate's default, and `LLM(...)`'s for the default target)."""
-    return {"method": "hybrid", "model": draft, "num_speculative_tokens": COST_AWARE}
-
-
-def default_speculation(model: object) -> dict | None:
-    """`LLM(...)`'s speculation when `speculative_config` is not given: the default pair's
-    (`hybrid_speculation`) for the default target named by its alias, none for any other
-    model (as in vLLM, speculation for another model is asked for; `serve` and `generate`
-    decide for any model, see `server/default_speculation.py`). An explicit
-    `speculative_config=None` is plain decoding."""
-    return hybrid_speculation() if isinstance(model, str) and model == DEFAULT_TARGET else None
 
 
 JSON_EXAMPLE = '\'{"method": "draft_model", "model": "qwen2.5-coder-0.5b", "num_speculative_tokens": 4}\''
@@ -95,10 +79,10 @@ class LLMConfig:
                     weights="auto", **engine: object) -> LLMConfig:
         """The tree for `LLM(...)`'s keyword arguments: `model`, `dtype`, `weights`, the
         `speculative_config` (a dict, a SpeculativeConfig, None for none, or not given: the
-        default pair's for the default target, `default_speculation`) and any `EngineConfig`
+        default pair's for the default target, `default_speculation.for_llm`) and any `EngineConfig`
         field (`max_num_seqs`, `max_model_len`, ...)."""
         if speculative_config is PAIR_DEFAULT:
-            speculative_config = default_speculation(model)
+            speculative_config = for_llm(model)
         known = {f.name for f in dataclasses.fields(EngineConfig)}
         for name in engine:
             if name not in known:

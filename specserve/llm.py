@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from functools import partial
 from dataclasses import replace
 from pathlib import Path
 
-from specserve.engine.async_engine import AsyncEngine
-from specserve.engine.calibration import calibrate
+from specserve.clients.async_engine import AsyncEngine
 from specserve.config import PAIR_DEFAULT, LLMConfig
 from specserve.engine.config import EngineConfig
 from specserve.engine.engine import LLMEngine
@@ -27,11 +25,10 @@ from specserve.engine.runner import build_runners
 from specserve.inputs import check_conversations, check_draft, check_generate_inputs
 from specserve.weights.loader import LoadedModel, load_model
 from specserve.hub.registry import DEFAULT_TARGET
-from specserve.models.tokenizer import Tokenizer
+from specserve.models.tokenizer import Tokenizer, check_same_vocabulary
 from specserve.sampling.params import SamplingParams, require_bool
 from specserve.speculative.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 from specserve.speculative.controller import build_controller
-from specserve.speculative.draft_head import restricted_head
 
 log = logging.getLogger("specserve.engine")
 
@@ -41,7 +38,7 @@ class LLM:
     "model": "qwen2.5-coder-0.5b", "num_speculative_tokens": 4})`. `LLM()` (the default
     target, no `speculative_config`) speculates as `serve` does with the default pair:
     hybrid with the default draft, cost-aware k; `speculative_config=None` decodes plainly,
-    and another model speculates only when asked (`config.default_speculation`)."""
+    and another model speculates only when asked (`default_speculation.for_llm`)."""
 
     def __init__(self, model: str | Path | LoadedModel = DEFAULT_TARGET, dtype: str = "auto",
                  speculative_config: dict | SpeculativeConfig | None = PAIR_DEFAULT, *,
@@ -77,26 +74,19 @@ class LLM:
             self.target.model, self.draft.model if uses_draft else None,
             config.kv_cache_memory, config.block_size, max_len + MAX_SPECULATIVE_TOKENS + 1,
             config.kv_cache_dtype)
+        keep = None
+        if uses_draft:  # a restricted draft head keeps the draft's added (special) tokens
+            tok = self.draft.tokenizer
+            keep = [*tok.backend.get_added_tokens_decoder(), *tok.eos_token_ids]
         spec = None if self.spec is None else build_controller(
             self.spec, draft_runner, self.target.config.vocab_size,
-            config.max_num_batched_tokens, max_len, config.enable_prefix_caching)
+            config.max_num_batched_tokens, max_len, config.enable_prefix_caching, runner, keep)
+        # for a server's chat and the suffix drafter's views: the tokenizer's text-only copy
         self.engine = LLMEngine(runner, runner.block_manager(config.enable_prefix_caching),
-                                self.target.tokenizer, config, spec)
-        work = []  # start-up work (see `defer_startup`)
-        if defer_startup or spec is not None:  # for a server's chat, the suffix drafter's views
-            work.append(self.target.tokenizer.prepare)
-        if draft_runner is not None and self.spec.draft_vocab_size is not None:
-            tok = self.draft.tokenizer  # its added (special) tokens stay in the head
-            extra = [*tok.backend.get_added_tokens_decoder(), *tok.eos_token_ids]
-            work.append(partial(_restrict_head, draft_runner, self.draft.model,
-                                self.spec.draft_vocab_size, extra))
-        if spec is not None and self.spec.policy_name == "cost_aware" and spec.cap > 0:
-            work.append(partial(_calibrate, self.engine, spec.cost, runner, draft_runner,
-                                spec.cap))
-        if work:
-            self.engine.startup = partial(_run_each, work)
-            if not defer_startup:
-                self.engine.run_startup()
+                                self.target.tokenizer, config, spec,
+                                prepare_tokenizer=defer_startup or spec is not None)
+        if not defer_startup:
+            self.engine.run_startup()
         self._lock = threading.Lock()  # one generate/chat call drives the engine at a time
         self._driver = None  # an AsyncEngine running the engine: calls go through it
 
@@ -202,7 +192,7 @@ class LLM:
         for rid in request_ids:
             self.engine.abort_request(rid)
         try:
-            while any(self.engine.has_request(r) for r in request_ids):
+            while any(r in self.engine.requests for r in request_ids):
                 self.engine.step()
         except Exception:  # noqa: BLE001 - the caller re-raises the original failure
             pass
@@ -213,47 +203,3 @@ class LLM:
     def reset_prefix_cache(self) -> int:
         """Forget the cached prompt prefixes (the next request prefills from scratch)."""
         return self.engine.reset_prefix_cache()
-
-
-def _run_each(work: list) -> None:
-    for step in work:
-        step()
-
-
-def _calibrate(engine: LLMEngine, cost, runner, draft_runner, cap: int) -> dict:
-    """The cost model's start-up timed passes; if other work on the machine disturbed them,
-    they run again at the engine's next idle moments until they run undisturbed."""
-    measured = calibrate(cost, runner, draft_runner, cap)
-    if measured["disturbed"]:
-        log.warning("other work on this machine disturbed the cost model's timed passes: "
-                    "they run again when the engine is next idle")
-        engine.idle_work = partial(_recalibrate, cost, runner, draft_runner, cap)
-    return measured
-
-
-def _recalibrate(cost, runner, draft_runner, cap: int, interrupted) -> bool:
-    """The timed passes once more (no patience; a request arriving stops them); True (and
-    the cost model seeded anew) if they ran undisturbed."""
-    settled = not calibrate(cost, runner, draft_runner, cap, patience_s=0.0,
-                            seed_if_disturbed=False, interrupted=interrupted)["disturbed"]
-    if settled:
-        log.info("the cost model's timed passes ran undisturbed this time: seeded anew")
-    return settled
-
-
-def _restrict_head(draft_runner, model, keep: int, extra: list[int]) -> None:
-    """The draft's head over its most frequent ids (`restricted_head`), before its first pass."""
-    draft_runner.head = restricted_head(model, keep, extra)
-
-
-def check_same_vocabulary(target: Tokenizer, draft: Tokenizer) -> None:
-    """Refuse a draft whose tokenizer differs from the target's. Different padded vocabulary
-    sizes of the same tokenizer are fine: only real tokens are compared."""
-    t_vocab, d_vocab = target.backend.get_vocab(), draft.backend.get_vocab()
-    t_by_id = {i: t for t, i in t_vocab.items()}
-    d_by_id = {i: t for t, i in d_vocab.items()}
-    for i in range(min(len(t_by_id), len(d_by_id))):
-        if t_by_id.get(i) != d_by_id.get(i):
-            raise ValueError(f"draft model's vocabulary differs from the target's: token id {i} is "
-                             f"{d_by_id.get(i)!r} in the draft and {t_by_id.get(i)!r} in the target; "
-                             "speculative decoding needs a draft with the same tokenizer")

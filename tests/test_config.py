@@ -17,7 +17,7 @@ from specserve.engine.config import EngineConfig
 from specserve.flags import build
 from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 from specserve.sampling.params import SamplingParams
-from specserve.server import default_speculation
+from specserve import default_speculation
 from specserve.server.config import ServerConfig
 from specserve.speculative.config import SpeculativeConfig
 from specserve.weights.config import LoadConfig

@@ -18,7 +18,9 @@ LAYERS = [
     {"weights"},  # file formats, quantization, the weight cache, load_model
     {"sampling"},  # sampling parameters, processors, the rejection sampler
     {"speculative"},  # drafters, policies, speculative metrics
-    {"engine"},  # scheduler, runner, the engine step, the async engine
+    {"engine"},  # the engine core: request records, scheduler, runner, the step
+    {"clients"},  # the async engine (a thread that owns the core) and the client protocol
+    {"default_speculation"},  # the default speculation, for LLM() and for the commands
     {"config", "inputs"},  # the LLM's configuration tree; checks of what the API is handed
     {"llm"},  # the Python API
     {"server", "bench", "demo"},  # the front ends

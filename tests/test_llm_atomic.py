@@ -126,7 +126,7 @@ def test_two_threads_times_several_calls_each_get_their_own_results(llm, referen
 
 
 def test_calls_run_concurrently_through_an_async_engine_and_serially_again_after_it(llm, reference):
-    from specserve.engine.async_engine import AsyncEngine
+    from specserve.clients.async_engine import AsyncEngine
 
     engine = AsyncEngine.from_llm(llm)
     try:

@@ -2,7 +2,7 @@
 """Draft model step time, full vocabulary head vs the restricted head, interleaved call by call
 (a one-row decode pass after a 256-token cached prefix; medians over repeats)."""
 import statistics, time, torch
-from specserve.engine.calibration import pass_timer
+from specserve.speculative.calibration import pass_timer
 from specserve.engine.runner import ModelRunner
 from specserve.speculative.draft_head import restricted_head
 from specserve.weights.loader import load_model

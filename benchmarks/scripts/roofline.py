@@ -28,7 +28,7 @@ import torch
 
 from specserve import kernels
 from specserve.bench.bandwidth import ceiling, read_bandwidth
-from specserve.engine.calibration import median_round_robin, pass_timer
+from specserve.speculative.calibration import median_round_robin, pass_timer
 from specserve.llm import LLM
 from specserve.weights.loader import load_model
 

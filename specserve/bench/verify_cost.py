@@ -3,7 +3,7 @@ with a one-row decode step, on this machine, for a loaded model."""
 
 from __future__ import annotations
 
-from specserve.engine.calibration import time_passes
+from specserve.speculative.calibration import time_passes
 from specserve.engine.runner import ModelRunner
 
 

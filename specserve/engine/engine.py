@@ -1,4 +1,4 @@
-"""The engine step: plan drafts → schedule → draft → verify → commit → outputs.
+"""The engine core: `step()` = schedule → execute → update, on one thread.
 
 Every decoding round is a speculative round; plain decoding is the round with k = 0 (no
 draft, a one-row verify pass, one token sampled from the target). The speculation controller
@@ -6,33 +6,34 @@ plans each decoding sequence's drafts (source and k), the scheduler fits them in
 with the prefill chunks and owns the KV blocks, and a round for the batch runs the drafters
 and one ragged target pass; each sequence then accepts its own number of tokens and rolls
 its caches back by arithmetic.
+
+The core is single-threaded: every method is called from the thread that drives it (an
+`LLM` call, or an `AsyncEngine`'s thread), so nothing here locks. One table holds the
+requests (id → `Request`); all else about a request hangs off that record.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import random
-import threading
 import time
-from collections import deque
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.config import EngineConfig
 from specserve.engine.output_processor import FINISH_ABORT, OutputProcessor
-from specserve.engine.outputs import RequestDelta, SpeculationOverride, TokenOrigin
+from specserve.engine.outputs import (EngineStats, RequestDelta, SpeculationOverride,
+                                      TokenOrigin)
+from specserve.engine.request import Request
+from specserve.engine.rounds import sample_round, truncate_to_grammar
 from specserve.engine.runner import ModelRunner
 from specserve.engine.scheduler import Chunk, Scheduler, StepPlan
 from specserve.engine.sequence import Sequence, Status
 from specserve.models.tokenizer import Tokenizer
-from specserve.sampling.entropy import entropy_budgets, gate_distribution
-from specserve.sampling.fly import FlySettings, verify_fly
 from specserve.sampling.params import SamplingParams
-from specserve.sampling.processors import greedy_scores, processed_probs
-from specserve.sampling.rejection import VerifyResult, verify, verify_greedy
+from specserve.sampling.stop import FINISH_STOP
 from specserve.speculative.controller import SpeculationController
 from specserve.speculative.drafter import EMPTY, Proposal
 from specserve.speculative.metrics import EngineMetrics
@@ -40,39 +41,25 @@ from specserve.speculative.metrics import EngineMetrics
 PREFILL_DRAFT_SHARE = 64  # while prompts wait to prefill, drafts take ≤ 1/64 of a step's tokens
 
 
-@dataclass(frozen=True, slots=True)
-class _Add:
-    """A validated request waiting in the inbox for the next step."""
-
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    prompt: str | None
-    speculation: SpeculationOverride | None
-    arrival: float
-
-
 class LLMEngine:
     """`runner` runs the target's passes; `blocks` (the target cache's block manager) goes to
-    the scheduler, its only owner; `spec` (None: no speculation) owns the drafters."""
+    the scheduler, its only owner; `spec` (None: no speculation) owns the drafters.
+    `prepare_tokenizer`: build the tokenizer's text-only copy at start-up (a server's)."""
 
     def __init__(self, runner: ModelRunner, blocks: BlockManager, tokenizer: Tokenizer,
-                 config: EngineConfig, spec: SpeculationController | None = None) -> None:
+                 config: EngineConfig, spec: SpeculationController | None = None,
+                 prepare_tokenizer: bool = False) -> None:
         self.runner, self.tokenizer, self.config, self.spec = runner, tokenizer, config, spec
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, blocks)
-        self.startup: Callable[[], object] | None = None  # see `run_startup`
-        self.idle_work: Callable[[Callable[[], bool]], bool] | None = None  # `run_idle_work`
         self.metrics = EngineMetrics()
         self.output = OutputProcessor(tokenizer, config.max_model_len, spec is not None)
         self.num_aborted = 0
+        self.requests: dict[str, Request] = {}  # added and not yet reported finished
+        self._touched: dict[str, None] = {}  # requests with something to report (ordered)
         self._ids = itertools.count()
         self._seeds = random.Random()
-        # add_request / abort_request may come from any thread: they go through an inbox that
-        # the step drains under `_step_lock` (at once when no step is running)
-        self._step_lock = threading.Lock()
-        self._inbox: deque[_Add | str] = deque()  # an _Add, or the id of a request to abort
-        self._live: set[str] = set()  # ids added and not yet reported finished
-        self._live_lock = threading.Lock()
+        self._started = False
+        self._prepare_tokenizer = prepare_tokenizer
 
     @property
     def cost(self):
@@ -82,26 +69,31 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     request_id: str | None = None, prompt: str | None = None,
-                    speculation: SpeculationOverride | None = None) -> str:
-        """Queue a request (from any thread); returns its id. Invalid input raises ValueError
-        here, before anything is queued."""
+                    speculation: SpeculationOverride | None = None,
+                    grammar: object = None) -> str:
+        """Queue a request; returns its id. Invalid input raises ValueError, before anything
+        is queued. `grammar`: the compiled grammar its output must follow (None: free)."""
         self.check_request(prompt_ids, params, speculation)
-        arrival = time.perf_counter()
-        with self._live_lock:
-            if request_id is None:
+        if request_id is None:
+            request_id = str(next(self._ids))
+            while request_id in self.requests:  # an automatic id skips ids callers chose
                 request_id = str(next(self._ids))
-                while request_id in self._live:  # an automatic id skips ids callers chose
-                    request_id = str(next(self._ids))
-            elif request_id in self._live:
-                raise ValueError(f"request_id {request_id!r} is already in use")
-            self._live.add(request_id)
-        self._inbox.append(_Add(request_id, list(prompt_ids), params, prompt, speculation, arrival))
-        self._drain_if_idle()
+        elif request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        req = Request(request_id, prompt, list(prompt_ids), params, time.perf_counter(),
+                      speculation, grammar)
+        req.seqs = [self._new_sequence(req, i) for i in range(params.n)]
+        if self.spec is not None:
+            self.spec.join(req.seqs, speculation, self.tokenizer)
+        self.requests[request_id] = req
+        for seq in req.seqs:
+            self.scheduler.add(seq)
         return request_id
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams,
                       speculation: SpeculationOverride | None = None) -> None:
-        """Raise ValueError (naming the field) if the request cannot be served; touches nothing."""
+        """Raise ValueError (naming the field) if the request cannot be served; touches nothing
+        (so a client may call it on its own thread)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if speculation is not None and not isinstance(speculation, SpeculationOverride):
@@ -117,72 +109,25 @@ class LLMEngine:
                for t in prompt_ids):
             raise ValueError(f"prompt token ids must be ints in [0, {vocab})")
 
+    def _new_sequence(self, req: Request, index: int) -> Sequence:
+        params = req.params
+        seed = params.seed + index if params.seed is not None else self._seeds.getrandbits(63)
+        override = req.speculation
+        budget = (override.tv_budget if override is not None and override.tv_budget is not None
+                  else params.tv_budget if params.tv_budget is not None
+                  else self.spec.tv_budget if self.spec else 0.0)
+        seq = Sequence(next(self._ids), req.request_id, index, list(req.prompt_ids), params,
+                       torch.Generator().manual_seed(seed), budget, arrival=req.arrival)
+        self.output.start(seq)
+        if req.grammar is not None:
+            seq.grammar = req.grammar.matcher()
+        return seq
+
     def abort_request(self, request_id: str) -> None:
-        """Finish a request with "abort" and free its memory, from any thread at any moment
-        (at once when no step is running, else at the start of the next step). Its final
-        delta comes from the next `step()`. Unknown or finished ids are ignored."""
-        self._inbox.append(request_id)
-        self._drain_if_idle()
-
-    def reset_prefix_cache(self) -> int:
-        """Forget the cached prefix blocks no running sequence holds (the target's and the
-        draft model's), under the step lock; returns how many target blocks were dropped."""
-        with self._step_lock:
-            return self._drop_prefix_cache()
-
-    def _drop_prefix_cache(self) -> int:
-        """`reset_prefix_cache`'s work, for a caller that holds the step lock."""
-        if self.spec is not None:
-            self.spec.reset_prefix_cache()
-        return self.scheduler.blocks.reset_prefix_cache()
-
-    def has_request(self, request_id: str) -> bool:
-        """True from `add_request` until the request's final delta has been handed out."""
-        with self._live_lock:
-            return request_id in self._live
-
-    def request_ids(self) -> list[str]:
-        """The requests added and not yet reported finished."""
-        with self._live_lock:
-            return list(self._live)
-
-    def _drain_if_idle(self) -> None:
-        if self._step_lock.acquire(blocking=False):
-            try:
-                self._drain_inbox()
-            finally:
-                self._step_lock.release()
-
-    def _drain_inbox(self) -> None:
-        """Apply queued adds and aborts in order (caller holds `_step_lock`)."""
-        while self._inbox:
-            item = self._inbox.popleft()
-            if isinstance(item, str):
-                self._abort(item)
-                continue
-            try:
-                self._queue_request(item)
-            except Exception as error:  # noqa: BLE001 - handed to that request alone
-                self.output.reject(item.request_id, item.prompt, item.prompt_ids, item.arrival,
-                                   error)
-
-    def _queue_request(self, item: _Add) -> None:
-        """Create an added request's sequences and queue them for scheduling."""
-        seqs = [self._new_sequence(item.request_id, i, item.prompt_ids, item.params)
-                for i in range(item.params.n)]
-        views = self.spec.prompt_views(self.tokenizer, item.prompt_ids) if self.spec else []
-        for seq in seqs:
-            seq.arrival = item.arrival
-            if item.speculation is not None and item.speculation.tv_budget is not None:
-                seq.tv_budget = item.speculation.tv_budget
-            if self.spec is not None:
-                self.spec.add(seq, item.speculation, views)
-        self.output.add(item.request_id, item.prompt, item.prompt_ids, seqs, item.arrival)
-        for seq in seqs:
-            self.scheduler.add(seq)
-
-    def _abort(self, request_id: str) -> None:
-        seqs = [s for s in self.output.sequences(request_id) if not s.finished]
+        """Finish a request with "abort" and free its memory; its final delta comes from the
+        next `step()`. Unknown or finished ids are ignored."""
+        req = self.requests.get(request_id)
+        seqs = [s for s in req.seqs if not s.finished] if req is not None else []
         if not seqs:
             return
         self.num_aborted += 1
@@ -193,100 +138,100 @@ class LLMEngine:
                 self._release([seq])
         self._release(self.scheduler.retire())
 
-    def _new_sequence(self, request_id: str, index: int, prompt_ids: list[int],
-                      params: SamplingParams) -> Sequence:
-        seed = params.seed + index if params.seed is not None else self._seeds.getrandbits(63)
-        budget = params.tv_budget if params.tv_budget is not None else (
-            self.spec.config.tv_budget if self.spec else 0.0)
-        return Sequence(next(self._ids), request_id, index, list(prompt_ids), params,
-                        torch.Generator().manual_seed(seed), budget)
+    def has_request(self, request_id: str) -> bool:
+        """True from `add_request` until the request's final delta has been handed out."""
+        return request_id in self.requests
+
+    def request_ids(self) -> list[str]:
+        """The requests added and not yet reported finished."""
+        return list(self.requests)
+
+    def abort_all(self) -> None:
+        for request_id in list(self.requests):
+            self.abort_request(request_id)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached prefix blocks no running sequence holds (the target's and the
+        draft model's); returns how many target blocks were dropped."""
+        if self.spec is not None:
+            self.spec.reset_prefix_cache()
+        return self.scheduler.blocks.reset_prefix_cache()
 
     def has_unfinished(self) -> bool:
-        """Work left: queued adds or aborts, sequences to run, or deltas not yet handed out."""
-        return bool(self._inbox) or self.scheduler.has_unfinished() or self.output.has_pending()
+        """Work left: sequences to run, or deltas not yet handed out."""
+        return self.scheduler.has_unfinished() or bool(self._touched)
+
+    # ------------------------------------------------------------------ start-up, idle
+    def run_startup(self) -> None:
+        """The start-up work (the tokenizer's text-only copy; the controller's: the draft's
+        restricted head, the cost model's timed passes), once, on the thread that will step
+        the engine: the kernels' OpenMP runtime keeps a team of workers for every thread that
+        ever ran one of them, and with more such threads than cores every step slows down."""
+        if self._started:
+            return
+        self._started = True
+        if self._prepare_tokenizer:
+            self.tokenizer.prepare()
+        if self.spec is not None:
+            self.spec.startup()
+
+    @property
+    def started(self) -> bool:
+        """Whether the start-up work has run."""
+        return self._started
+
+    @property
+    def has_idle_work(self) -> bool:
+        return self.spec is not None and self.spec.has_idle_work
+
+    def run_idle_work(self, interrupted) -> None:
+        """Work left for a moment with nothing to do (the cost model's timed passes again,
+        after other work on the machine disturbed them), only while no request is unfinished;
+        `interrupted()` True stops it. The prefix caches' blocks are dropped first (the
+        timed passes write over free blocks)."""
+        if not self.has_idle_work or self.has_unfinished():
+            return
+        self.reset_prefix_cache()
+        self.spec.idle_work(interrupted)
 
     # ------------------------------------------------------------------ the step
-    def run_startup(self) -> None:
-        """Run the start-up work (`startup`: the draft's restricted head, the cost model's timed
-        passes), once, on this thread. It belongs on the thread that will step the engine: the kernels' OpenMP
-        runtime keeps a team of workers for every thread that ever ran a parallel region, and
-        once it counts more threads than cores it stops letting idle workers spin, so every
-        parallel region (a decode step has over a hundred) waits for its workers to wake. On two
-        cores a step then took 1.6x as long."""
-        with self._step_lock:
-            work, self.startup = self.startup, None
-            if work is not None:
-                work()
-
-    def run_idle_work(self) -> None:
-        """Run the work left for a moment with nothing to do (`idle_work(interrupted)`:
-        returns True once done, e.g. the cost model's timed passes again after other work on
-        the machine disturbed them at start-up; it stops early when `interrupted()`, which
-        says a request arrived, so a request waits for one timed pass at most), under the
-        step lock and only while no request is unfinished; the prefix caches' blocks are
-        dropped first (the timed passes write over free blocks). An `AsyncEngine` calls it
-        when it has been idle a while."""
-        with self._step_lock:
-            if self.idle_work is None or self.has_unfinished():
-                return
-            self._drop_prefix_cache()
-            if self.idle_work(self.has_unfinished):
-                self.idle_work = None
-
     def step(self) -> list[RequestDelta]:
         """One engine step; returns a delta for every request that advanced or finished in it.
         An exception inside the step fails the requests that were running (their final deltas
         carry the error) and leaves the engine usable."""
-        if self.startup is not None:
-            self.run_startup()
-        with self._step_lock:
-            self._drain_inbox()
-            start = time.perf_counter()
-            try:
-                self._run_step()
-            except Exception as error:  # noqa: BLE001 - handed to the failed requests
-                self._fail_running(error)
-            self.output.mark_scheduled(self.scheduler.running, start)
-            return self._collect(self.scheduler.retire())
+        self.run_startup()
+        start = time.perf_counter()
+        try:
+            plan = self._schedule()
+            if plan.decode or plan.chunks:
+                self._execute(plan)
+            elif self.spec is not None:
+                self.spec.propose(plan)  # only draft prefill chunks are left to run
+        except Exception as error:  # noqa: BLE001 - handed to the failed requests
+            self._fail_running(error)
+        self.output.mark_scheduled(self.scheduler.running, start)
+        self._release(self.scheduler.retire())
+        return self._deltas()
 
-    def _run_step(self) -> None:
-        """Plan the drafts and the step, draft, run one target pass over every decode/verify
-        row and prefill chunk, then sample and commit. Verify rows share the step's token
-        budget with prefill chunks, so while prompts wait to prefill the drafts may take at
-        most 1/`PREFILL_DRAFT_SHARE` of it: a burst of long drafts would otherwise hold back
-        every waiting request's first token (8 requests at once, unbounded: p50 TTFT 1.11x
-        target-only's; drafts that hit their bound are the likeliest to survive)."""
-        spec = self.spec
+    def _schedule(self) -> StepPlan:
+        """Plan the drafts, then the step. Verify rows share the step's token budget with
+        prefill chunks, so while prompts wait to prefill, drafts take at most
+        1/`PREFILL_DRAFT_SHARE` of it (a burst of long drafts would hold back every waiting
+        request's first token)."""
         drafts = None
-        if spec is not None:
+        if self.spec is not None:
             limit = self.config.max_num_batched_tokens // PREFILL_DRAFT_SHARE \
                 if self.scheduler.has_prefill_work() else None
-            drafts = spec.plan(self.scheduler.decoding(), limit)
-        plan = self.scheduler.schedule(drafts)
-        if spec is not None:
-            for seq in plan.preempted:
-                spec.forget(seq)
-            for seq in plan.admitted:
-                spec.admitted(seq)
-        if plan.decode or plan.chunks:
-            self._pass(plan)
-        elif spec is not None and spec.pending():
-            spec.run_pending()  # only draft prefill chunks are left to run
+            drafts = self.spec.plan(self.scheduler.decoding(), limit)
+        return self.scheduler.schedule(drafts)
 
-    def _fail_running(self, error: Exception) -> None:
-        for seq in self.scheduler.running:
-            if not seq.finished:
-                self.output.fail(seq.request_id, error)
-                self._finish(seq, FINISH_ABORT)
-
-    def _pass(self, plan: StepPlan) -> None:
-        """Draft for the decoding sequences (lookups cost nothing; one batched draft-model
-        call, which also runs its prefill chunks), then one target pass: each decoding
-        sequence's last token and drafts, then the prefill chunks."""
-        seqs, ks, spec = plan.decode, plan.ks, self.spec
-        draft_prefill = spec is not None and spec.pending()
+    def _execute(self, plan: StepPlan) -> None:
+        """Draft for the decoding sequences, then one target pass (each decoding sequence's
+        last token and drafts, then the prefill chunks); sample and commit."""
+        seqs, spec = plan.decode, self.spec
         t0 = time.perf_counter()
-        proposals = spec.propose(seqs, ks) if spec is not None else [EMPTY] * len(seqs)
+        proposals = spec.propose(plan) if spec is not None else [EMPTY] * len(seqs)
+        proposals = [truncate_to_grammar(s, p) for s, p in zip(seqs, proposals)]
         t1 = time.perf_counter()
         rows = [[s.token_ids[-1]] + p.tokens for s, p in zip(seqs, proposals)]
         starts = [s.num_cached for s in seqs]
@@ -298,27 +243,25 @@ class LLMEngine:
             tables.append(c.seq.table)
             last_n.append(1 if c.samples else 0)
         logits = self.runner.forward(rows, starts, tables, last_n)
-        results = [self._sample_round(s, p, lg) for s, p, lg in zip(seqs, proposals, logits)]
+        bonus = spec.bonus_token if spec is not None else True
+        results = [sample_round(s, p, lg, bonus) for s, p, lg in zip(seqs, proposals, logits)]
         t2 = time.perf_counter()
-        if spec is not None and seqs:
-            self._observe_costs(plan, proposals, draft_prefill, t1 - t0, t2 - t1)
+        old_lens = [len(s.token_ids) for s in seqs]
         for seq, prop, res, lg in zip(seqs, proposals, results, logits):
             self._commit(seq, prop, res, lg, t1 - t0, t2 - t1)
+        if spec is not None and seqs:
+            spec.observe(plan, proposals, [r.num_accepted for r in results], old_lens,
+                         t1 - t0, t2 - t1)
         for chunk, lg in zip(plan.chunks, logits[len(seqs):]):
             self._prefilled(chunk, lg)
 
-    def _observe_costs(self, plan: StepPlan, proposals: list[Proposal], draft_prefill: bool,
-                       draft_s: float, rest_s: float) -> None:
-        """The cost model learns the draft-model time and the rest of the round (the target
-        pass and sampling: what a plain decode step costs too, so k = 0 is priced like any
-        other k). Steps that also prefilled are not learned from, nor a draft model's
-        catch-up after rounds without it."""
-        spec, seqs = self.spec, plan.decode
-        steps = spec.model_steps(seqs, plan.ks)
-        if steps and not draft_prefill and not spec.model_resumed(seqs, plan.ks):
-            spec.cost.observe_draft(steps, draft_s)
-        if not plan.chunks:
-            spec.cost.observe_verify(sum(p.k + 1 for p in proposals) - 1, rest_s)
+    def _fail_running(self, error: Exception) -> None:
+        for seq in self.scheduler.running:
+            if not seq.finished:
+                req = self.requests.get(seq.request_id)
+                if req is not None and req.error is None:
+                    req.error = error
+                self._finish(seq, FINISH_ABORT)
 
     def _prefilled(self, chunk: Chunk, logits: torch.Tensor) -> None:
         """A prefill chunk ran: its blocks are computed; the prompt's last chunk samples the
@@ -326,42 +269,17 @@ class LLMEngine:
         seq = chunk.seq
         seq.num_cached = chunk.start + chunk.num_tokens
         if chunk.samples:
-            self._append(seq, self._sample_round(seq, EMPTY, logits).tokens, logits)  # plain
+            bonus = self.spec.bonus_token if self.spec is not None else True
+            self._append(seq, sample_round(seq, EMPTY, logits, bonus).tokens, logits)  # plain
             if seq.first_token_time is None:
                 seq.first_token_time = time.perf_counter()
         self.scheduler.commit(seq)
 
-    def _sample_round(self, seq: Sequence, prop: Proposal, logits: torch.Tensor) -> VerifyResult:
-        """Turn the target's k + 1 rows of logits into the round's tokens: lossless or mentored
-        (a flat budget, or one shaped by the target's entropy), with FLy when the request asks."""
-        drafts = torch.tensor(prop.tokens, dtype=torch.long)  # [k]
-        params = seq.params
-        bonus = self.spec.config.bonus_token if self.spec else True
-        fly = FlySettings.of(params) if prop.k >= 2 else None
-        if params.greedy and seq.tv_budget == 0.0 and fly is None:
-            scores = greedy_scores(logits, params, seq.token_ids, seq.prompt_len, drafts)
-            return verify_greedy(drafts, scores, bonus)
-        target_probs = processed_probs(logits, params, seq.token_ids, seq.prompt_len,
-                                       drafts)  # [k + 1, vocab]
-        shaped = params.tv_entropy_top_k is not None and seq.tv_budget > 0 and prop.k > 0
-        gate = gate_distribution(logits, target_probs, params.greedy) if fly or shaped else None
-        budget = (entropy_budgets(gate[:prop.k], seq.tv_budget, params.tv_entropy_top_k)
-                  if shaped else seq.tv_budget)
-        uniforms = torch.rand(prop.k, generator=seq.generator, dtype=torch.float64)  # [k]
-        residual_u = float(torch.rand((), generator=seq.generator, dtype=torch.float64))
-        if fly is not None:
-            return verify_fly(drafts, prop.draft_probs, target_probs, uniforms, residual_u, fly,
-                              gate, budget, bonus)
-        return verify(drafts, prop.draft_probs, target_probs, uniforms, residual_u, budget, bonus)
-
-    def _commit(self, seq: Sequence, prop: Proposal, res: VerifyResult, logits: torch.Tensor,
+    def _commit(self, seq: Sequence, prop: Proposal, res, logits: torch.Tensor,
                 draft_time: float, verify_time: float) -> None:
-        old_len = len(seq.token_ids)
         self._append(seq, res.tokens, logits, prop.k, res.num_accepted)
         seq.num_cached = len(seq.token_ids) - 1  # stale draft positions are simply not counted
         self.scheduler.commit(seq)
-        if self.spec is not None:
-            self.spec.commit(seq, prop, res.num_accepted, old_len)
         m = seq.metrics
         m.record(prop.k, res.num_accepted, len(res.tokens), res.tv_distances)
         m.draft_time += draft_time
@@ -373,10 +291,17 @@ class LLMEngine:
                 num_accepted: int = 0) -> None:
         """Add a round's tokens (`k` drafts, `num_accepted` of them kept; `logits` row i scored
         token i). The output processor keeps them up to the first that ends the sequence (EOS,
-        a stop token or string, max_tokens, the context limit); the rest are dropped."""
+        a stop token or string, max_tokens, the context limit, a grammar complete); the rest
+        are dropped."""
         origins = TokenOrigin.of_round(len(tokens), k, num_accepted)
         kept, reason = self.output.process(seq, tokens, logits, origins)
         seq.token_ids += tokens[:kept]
+        self._touched[seq.request_id] = None
+        if seq.grammar is not None:
+            for token in tokens[:kept]:
+                seq.grammar.accept(token)
+            if reason is None and seq.grammar.is_terminated:
+                reason = FINISH_STOP
         if reason is not None:
             self._finish(seq, reason)
 
@@ -385,25 +310,45 @@ class LLMEngine:
         seq.finish_reason = reason
         seq.finish_time = time.perf_counter()
         self.output.finish(seq, reason)
+        self._touched[seq.request_id] = None
 
     # ------------------------------------------------------------------ outputs
-    def _collect(self, finished: list[Sequence]) -> list[RequestDelta]:
-        """Free what finished sequences hold; the step's deltas."""
-        self._release(finished)
-        deltas = self.output.deltas()
-        with self._live_lock:
-            self._live.difference_update(d.request_id for d in deltas if d.finished)
-        return deltas
+    def _deltas(self) -> list[RequestDelta]:
+        """The step's deltas; a request's record goes with its final one."""
+        out = []
+        touched, self._touched = self._touched, {}
+        for rid in touched:
+            req = self.requests.get(rid)
+            delta = self.output.delta(req) if req is not None else None
+            if delta is not None:
+                out.append(delta)
+                if delta.finished:
+                    del self.requests[rid]
+        return out
 
     def _release(self, finished: list[Sequence]) -> None:
         """Sequences that left (their target blocks already freed by the scheduler): their
         speculation state goes, a completed output joins the suffix cache."""
         for seq in finished:
             if self.spec is not None:
-                self.spec.finish(seq, completed=seq.finish_reason != FINISH_ABORT)
+                self.spec.release(seq, completed=seq.finish_reason != FINISH_ABORT)
             self.metrics.total.merge(seq.metrics)
 
-    # ------------------------------------------------------------------ memory figures
+    # ------------------------------------------------------------------ figures
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine between steps (for /metrics and /health)."""
+        scheduler, blocks = self.scheduler, self.scheduler.blocks
+        used, total = blocks.num_used, blocks.num_blocks
+        window = self.metrics.window
+        return EngineStats(
+            running=len(scheduler.running), waiting=len(scheduler.waiting),
+            kv_usage=used / total if total else 0.0, kv_blocks_used=used, kv_blocks_total=total,
+            preemptions=scheduler.num_preemptions, aborted=self.num_aborted,
+            prefix_cache_hit_tokens=scheduler.prefix_cache_hit_tokens,
+            prompt_tokens_computed=scheduler.prompt_tokens_computed,
+            spec=copy.deepcopy(self.metrics.total), rolling_acceptance=window.acceptance_rate,
+            healthy=window.healthy, kv_touched_bytes=self.kv_touched_bytes)
+
     @property
     def kv_blocks_total(self) -> int:
         return self.scheduler.blocks.num_blocks
@@ -416,12 +361,10 @@ class LLMEngine:
     @property
     def kv_touched_bytes(self) -> int:
         """Bytes of the KV pools (the target's and the draft model's) whose blocks were ever
-        taken: the pools are mapped lazily, so this is what they hold resident, at most the
-        budget. A prefix cache that keeps finished prompts' blocks grows it toward the budget."""
+        taken: the pools are mapped lazily, so this is what they hold resident."""
         total = self.scheduler.blocks.high_water * self.runner.block_bytes
-        model = self.spec.model if self.spec is not None else None
-        if model is not None:
-            total += model.blocks.high_water * model.runner.block_bytes
+        if self.spec is not None:
+            total += self.spec.kv_touched_bytes
         return total
 
     @property

@@ -12,9 +12,9 @@ window starts at `prefix` (where the last emitted text began) and the text of th
 character, so nothing is emitted until a later token completes it (the approach of Hugging
 Face's `TextStreamer` and vLLM's `detokenize_incrementally`).
 
-Once per engine step `deltas()` hands out, per request that advanced, the new token ids and the
-new text; text that might still become a stop string is held back, so a stream never shows
-text that the final output cuts.
+Once per engine step `delta(request)` hands out what a request that advanced gained: the new
+token ids and the new text; text that might still become a stop string is held back, so a
+stream never shows text that the final output cuts.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 
 from specserve.engine.outputs import (CompletionDelta, CompletionOutput, RequestDelta,
                                       RequestOutput)
+from specserve.engine.request import Request
 from specserve.engine.sequence import Sequence
 from specserve.sampling.stop import FINISH_STOP, StopChecker, finish_reason_for_token
 
@@ -64,8 +65,9 @@ class IncrementalDetokenizer:
 
 
 @dataclass(eq=False)
-class _Completion:
-    seq: Sequence
+class CompletionState:
+    """What one completion has produced: its text, what was streamed, its finish."""
+
     detokenizer: IncrementalDetokenizer
     stop: StopChecker | None
     text: str = ""
@@ -82,67 +84,28 @@ class _Completion:
     finish_time: float | None = None
 
 
-@dataclass(eq=False)
-class _Request:
-    request_id: str
-    prompt: str | None
-    prompt_ids: list[int]
-    completions: list[_Completion]
-    arrival: float
-    error: BaseException | None = None
-
-
 class OutputProcessor:
-    """Per-request text, stops and logprobs, and the deltas of each engine step."""
+    """Text, stops and logprobs of each completion (kept in `seq.out`), and the deltas of a
+    request (`delta`). It holds no table of its own: the state lives in the records."""
 
     def __init__(self, tokenizer, max_model_len: int, speculative: bool) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.speculative = speculative  # report per-request speculative metrics
-        self._requests: dict[str, _Request] = {}
-        self._by_seq: dict[Sequence, _Completion] = {}
-        self._touched: dict[str, None] = {}  # requests with something to report (ordered set)
 
-    # ------------------------------------------------------------------ requests
-    def add(self, request_id: str, prompt: str | None, prompt_ids: list[int],
-            seqs: list[Sequence], arrival: float) -> None:
-        completions = []
-        for seq in seqs:
-            params = seq.params
-            c = _Completion(seq, IncrementalDetokenizer(self.tokenizer),
-                            StopChecker.from_params(params) if params.stop else None,
-                            logprobs=[] if params.logprobs is not None else None)
-            completions.append(c)
-            self._by_seq[seq] = c
-        self._requests[request_id] = _Request(request_id, prompt, list(prompt_ids), completions,
-                                              arrival)
+    def start(self, seq: Sequence) -> None:
+        """Give a new sequence its output state."""
+        params = seq.params
+        seq.out = CompletionState(IncrementalDetokenizer(self.tokenizer),
+                                  StopChecker.from_params(params) if params.stop else None,
+                                  logprobs=[] if params.logprobs is not None else None)
 
-    def reject(self, request_id: str, prompt: str | None, prompt_ids: list[int],
-               arrival: float, error: BaseException) -> None:
-        """A request that could not be queued: its only delta is a failed, finished one."""
-        self._requests[request_id] = _Request(request_id, prompt, list(prompt_ids), [], arrival,
-                                              error)
-        self._touched[request_id] = None
-
-    def sequences(self, request_id: str) -> list[Sequence]:
-        req = self._requests.get(request_id)
-        return [c.seq for c in req.completions] if req is not None else []
-
-    def fail(self, request_id: str, error: BaseException) -> None:
-        """Remember why a request failed; its final delta carries the error."""
-        req = self._requests.get(request_id)
-        if req is not None and req.error is None:
-            req.error = error
-
-    def mark_scheduled(self, seqs, now: float) -> None:
+    @staticmethod
+    def mark_scheduled(seqs, now: float) -> None:
         """Record the first time each sequence was scheduled (its queue time ends)."""
         for seq in seqs:
-            c = self._by_seq.get(seq)
-            if c is not None and c.scheduled_time is None:
-                c.scheduled_time = now
-
-    def has_pending(self) -> bool:
-        return bool(self._touched)
+            if seq.out.scheduled_time is None:
+                seq.out.scheduled_time = now
 
     # ------------------------------------------------------------------ tokens
     def process(self, seq: Sequence, tokens: list[int], logits: torch.Tensor,
@@ -150,11 +113,9 @@ class OutputProcessor:
         """Take a round's tokens for `seq` (`logits`: `[>= len(tokens), vocab]`, row i scored
         token i). Returns how many to keep and the finish reason if one of them ends the
         completion (the caller then finishes the sequence)."""
-        c = self._by_seq[seq]
-        params = seq.params
+        c, params = seq.out, seq.params
         if c.first_token_time is None and tokens:
             c.first_token_time = time.perf_counter()
-        self._touched[seq.request_id] = None
         eos = self.tokenizer.eos_token_ids
         for i, token in enumerate(tokens):
             c.num_tokens += 1
@@ -172,7 +133,8 @@ class OutputProcessor:
                 return i + 1, reason
         return len(tokens), None
 
-    def _add_text(self, c: _Completion, piece: str) -> bool:
+    @staticmethod
+    def _add_text(c: CompletionState, piece: str) -> bool:
         """Append decoded text; True (and the text cut) when it completes a stop string."""
         if not piece or c.stopped:
             return False
@@ -189,38 +151,28 @@ class OutputProcessor:
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """The sequence ended (`reason`): flush the text still held and close it."""
-        c = self._by_seq.get(seq)
-        if c is None or c.finish_reason is not None:
+        c = seq.out
+        if c.finish_reason is not None:
             return
         if self._add_text(c, c.detokenizer.flush()):
             reason = FINISH_STOP
         c.finish_reason = reason
         c.finish_time = time.perf_counter()
-        self._touched[seq.request_id] = None
 
     # ------------------------------------------------------------------ deltas
-    def deltas(self) -> list[RequestDelta]:
-        """One delta per request that advanced since the last call (in arrival order of the
-        first change); finished requests are forgotten after their last delta."""
-        out = []
-        touched, self._touched = self._touched, {}
-        for rid in touched:
-            req = self._requests.get(rid)
-            if req is None:
-                continue
-            completions = [d for c in req.completions if (d := self._completion_delta(c))]
-            finished = all(c.finish_reason is not None for c in req.completions)
-            output = None
-            if finished:
-                output = self._request_output(req)
-                del self._requests[rid]
-                for c in req.completions:
-                    self._by_seq.pop(c.seq, None)
-            if completions or finished:
-                out.append(RequestDelta(rid, completions, finished, output, req.error))
-        return out
+    def delta(self, req: Request) -> RequestDelta | None:
+        """What `req` gained since the last call (None: nothing); once every completion has
+        finished, the final delta with the whole output."""
+        completions = [d for seq in req.seqs if (d := self._completion_delta(seq))]
+        finished = req.finished
+        if not completions and not finished:
+            return None
+        output = self._request_output(req) if finished else None
+        return RequestDelta(req.request_id, completions, finished, output, req.error)
 
-    def _completion_delta(self, c: _Completion) -> CompletionDelta | None:
+    @staticmethod
+    def _completion_delta(seq: Sequence) -> CompletionDelta | None:
+        c = seq.out
         done = c.finish_reason is not None
         visible = len(c.text)
         if not done and c.stop is not None:
@@ -228,9 +180,9 @@ class OutputProcessor:
         new_tokens = c.num_tokens - c.num_reported
         if visible <= c.sent and not new_tokens and (not done or c.reported_finish):
             return None
-        start = c.seq.prompt_len + c.num_reported
+        start = seq.prompt_len + c.num_reported
         delta = CompletionDelta(
-            index=c.seq.index, token_ids=c.seq.token_ids[start:start + new_tokens],
+            index=seq.index, token_ids=seq.token_ids[start:start + new_tokens],
             text=c.text[c.sent:visible] if visible > c.sent else "",
             logprobs=c.logprobs[c.num_reported:c.num_tokens] if c.logprobs is not None else None,
             origins=c.origins[c.num_reported:c.num_tokens],
@@ -240,14 +192,14 @@ class OutputProcessor:
         c.reported_finish = done
         return delta
 
-    def _request_output(self, req: _Request) -> RequestOutput:
-        outs = [self._completion_output(req, c) for c in req.completions]
+    def _request_output(self, req: Request) -> RequestOutput:
+        outs = [self._completion_output(req, seq) for seq in req.seqs]
         queued = [o.queue_time for o in outs if o.queue_time is not None]
         return RequestOutput(req.request_id, req.prompt, req.prompt_ids, outs, finished=True,
                              queue_time=min(queued) if queued else None)
 
-    def _completion_output(self, req: _Request, c: _Completion) -> CompletionOutput:
-        seq = c.seq
+    def _completion_output(self, req: Request, seq: Sequence) -> CompletionOutput:
+        c = seq.out
 
         def since(start: float | None, end: float | None) -> float | None:
             return end - start if start is not None and end is not None else None

@@ -1,4 +1,6 @@
-"""One request's sequence: its tokens, where it stands in the KV cache, and its bookkeeping.
+"""One completion of a request: its tokens, where it stands in the KV cache, and everything
+the engine keeps for it — its output state (`out`), its speculation state (`spec`, the
+controller's) and its grammar matcher (`grammar`) — created with it and dropped with it.
 
 Invariant between engine steps, once prefilled: the target cache holds every token but the
 last (`num_cached == len(token_ids) - 1`); the next pass feeds the last token (plus any draft).
@@ -45,6 +47,9 @@ class Sequence:
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
+    out: object = None  # its output state (`output_processor.CompletionState`)
+    spec: object = None  # the speculation controller's state of it (None: no speculation)
+    grammar: object = None  # its grammar matcher when the request is constrained
 
     def __post_init__(self) -> None:
         if not self.token_ids:

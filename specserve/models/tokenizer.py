@@ -363,3 +363,16 @@ def from_hf_dir(path, eos_from_config: list[int]) -> Tokenizer:
         backend.decoder = decoders.ByteLevel()
     return Tokenizer(backend, frozenset(eos), bos, bool(cfg.get("add_bos_token", False)),
                      template, specials)
+
+
+def check_same_vocabulary(target: Tokenizer, draft: Tokenizer) -> None:
+    """Refuse a draft whose tokenizer differs from the target's. Different padded vocabulary
+    sizes of the same tokenizer are fine: only real tokens are compared."""
+    t_vocab, d_vocab = target.backend.get_vocab(), draft.backend.get_vocab()
+    t_by_id = {i: t for t, i in t_vocab.items()}
+    d_by_id = {i: t for t, i in d_vocab.items()}
+    for i in range(min(len(t_by_id), len(d_by_id))):
+        if t_by_id.get(i) != d_by_id.get(i):
+            raise ValueError(f"draft model's vocabulary differs from the target's: token id {i} is "
+                             f"{d_by_id.get(i)!r} in the draft and {t_by_id.get(i)!r} in the target; "
+                             "speculative decoding needs a draft with the same tokenizer")

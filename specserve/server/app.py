@@ -29,7 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
-from specserve.engine.client import EngineClient, EngineClosed, EngineDead, EngineError
+from specserve.clients.client import EngineClient, EngineClosed, EngineDead, EngineError
 from specserve.engine.outputs import RequestOutput
 from specserve.models.tokenizer import Tokenizer
 from specserve.server import errors, sse

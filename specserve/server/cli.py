@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 
+from specserve import default_speculation
 from specserve.config import LLMConfig, add_llm_flags, speculative_config  # noqa: F401 (re-exported)
 from specserve.engine.config import EngineConfig
 from specserve.flags import add_flags, build, convert
@@ -27,23 +28,13 @@ aborts them at once."""
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (chat, completions, streaming, "
                        "metrics)", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_llm_flags(p, default_speculation_of, title=f"speculative decoding (default: draft model "
+    add_llm_flags(p, default_speculation.of_args, title=f"speculative decoding (default: draft model "
                   f"{DEFAULT_DRAFT} for a target of its vocabulary, else suffix drafting; "
                   "cost-aware k, lossless)")
     add_flags(p.add_argument_group("HTTP, shutdown, replicas (Ray Serve; needs `pip install "
                                    "specserve[ray]`) and limits (what one request, one client "
                                    "and the server may ask for)"), ServerConfig)
     p.set_defaults(func=cmd_serve)
-
-
-def default_speculation_of(args: argparse.Namespace) -> dict:
-    """serve's speculation when no flag names a method: `default_speculation.decide` for the
-    model given (the default pair: hybrid with the default draft), said in one log line."""
-    from specserve.server import default_speculation
-
-    config, reason = default_speculation.decide(args.model, DEFAULT_DRAFT)
-    log.info("specserve: %s", reason)
-    return config
 
 
 def parse_size(text: str | None) -> int | None:

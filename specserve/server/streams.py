@@ -9,7 +9,7 @@ from typing import AsyncIterator, Awaitable, TypeVar
 
 from starlette.requests import Request
 
-from specserve.engine.client import EngineClient
+from specserve.clients.client import EngineClient
 from specserve.engine.outputs import RequestDelta
 from specserve.server.preparation import Job
 

@@ -1,71 +1,36 @@
 """The speculation controller: which source drafts for each sequence, and how many tokens.
 
 One per engine. It owns the drafters (a *lookup* source — suffix drafting or prompt lookup —
-and optionally a draft model), each sequence's draft-length policy, the engine's cost model
-and the acceptance statistics, and decides before every step, per decoding sequence, how many
-drafts to verify from which source (`plan`); the scheduler receives those numbers and the
-engine runs the round (`propose`, then `commit` with what the verifier kept).
+and optionally a draft model), each sequence's draft-length policy, the cost model (seeded by
+timed passes at start-up, then learning from every round) and the acceptance statistics. The
+engine sees a narrow surface:
 
-The choice, for a step decoding B sequences (see `cost_aware.py` for the single-source rule):
-1. **Offers.** Each sequence's lookup source proposes a candidate continuation with a
-   survival estimate per position (`match_stats.py`: from the match's length and the votes
-   behind each token, learned online). Its draft model, if there is one, is considered when
-   the lookup would not pay (and, before its first start, has not for `MODEL_AFTER_MISSES`
-   rounds in a row: text that copies itself should not pay for a draft prefill the lookup
-   makes useless): its cost-aware policy picks k (and decides whether starting the draft —
-   its deferred prefill — repays itself); its survivals are the products of the policy's
-   per-position acceptance. The two are priced by expected tokens per second,
-   E(k) / T(k), against plain decoding (E = 1, T = T(0)); the better source is offered.
-2. **One budget.** The offered draft slots of all sequences compete for the rows of one
-   pass: slots are taken in order of survival while the step's expected tokens per second,
-   (B + Σ survivals) / (draft time + pass time of B + n rows), is highest, and only if what
-   they add (expected tokens over the seconds they add) beats plain decoding's rate by the
-   policy's margin. So under load, where every row costs, only
-   the drafts most likely to survive are verified, and speculation never lowers the step's
-   expected throughput by its own estimate. And no sequence pays more than its share for
-   the others' drafts: a step's drafts may stretch it to at most 1 + `SLOWDOWN_CAP` times
-   its time without them, times the smallest expected tokens (1 + Σ survivals) of any of its
-   sequences — one that drafts nothing is slowed by at most that much, whatever the others
-   gain. Without the bound a story sharing a pass with three code edits ran 1.4x slower
-   than on a server without speculation, and a batch of requests finished later: the copying
-   requests were done early, and the slowed ones ran on alone, in small batches. A fixed k (a config or request asking for one),
-   the k of a policy other than the cost-aware one, and the cost-aware policy's probes are
-   taken as asked.
-3. **Probes.** The budget prices rows by the cost model, which learns only from the passes
-   it sees; one whose start-up calibration over-priced extra rows (another process shared
-   the cores while it timed them) would never verify a draft, never see a larger pass and
-   never learn (a server seeded so drafted 73 tokens in 4,011 rounds). So once every
-   `PROBE_EVERY` steps in which the budget left out a lookup slot (or a sequence did not
-   look, backed off for offers not taken), the next step that leaves one out verifies one
-   more: the likeliest left out. That pass size is then timed by serving; a few such passes
-   correct its price (`cost_model.py`), and if it pays, the next size is probed from there.
-   It costs one row in `PROBE_EVERY` steps where the price was right.
-   The converse error drafts at a loss: a pass over the batch's own rows (nothing drafted)
-   that the calibration over-priced makes every draft row look cheap, and once the engine
-   drafts every step that pass is never timed again (at 8 clients a server verified one
-   draft row on 93% of its steps, 145 tokens/s where plain passes gave 155, its model having
-   timed two plain passes of that batch). So once every `PROBE_DOWN_EVERY` steps whose
-   budget took a slot, if a pass one row smaller has not been timed lately (its weight in
-   the cost model's shape correction below `SEEN_LATELY`), the step verifies the likeliest
-   taken slots without the least likely one, and that smaller pass is timed.
+- `join(seqs, override, tokenizer)` / `release(seq, completed)`: a request's sequences come
+  and go (their state lives on the sequence, `seq.spec`; drafters' indexes are created and
+  dropped here);
+- `plan(seqs, max_rows)` → k per decoding sequence, before the step is scheduled;
+- `propose(plan)` → the drafts of the scheduled sequences (and the draft model's prefill);
+- `observe(plan, proposals, accepted, old_lens, draft_s, rest_s)`: what the verifier kept and
+  what the round cost: drafters roll back, policies and the cost model learn;
+- `startup()`, `idle_work(interrupted)`: the cost model's timed passes.
 
-A sequence whose plan is k = 0 costs what plain decoding costs: no draft model runs for it
-(unless it is catching up a started draft's prefill), and the lookup is a host-side search.
-That search is the one cost left, so a sequence that copies poorly (or has not yet), in a
-batch, looks less often (`_back_off`); each request's short matches are priced by its own
-record as well as the engine's table (`match_stats.RequestFit`), and the cost model learns
-from the passes it sees which pass sizes its start-up calibration got wrong (`cost_model.py`).
+How a plan is chosen (offers priced by expected tokens per second, one budget of rows for the
+whole step, a slowdown cap per sequence, probes up and down) is described with its reasons in
+docs/design.md ("The speculation controller"); the rule for one source is in `cost_aware.py`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
+from specserve.speculative.calibration import Calibration
 from specserve.speculative.candidate import NO_CANDIDATE, Candidate
 from specserve.speculative.cost_aware import DEFAULT_MARGIN, CostAwarePolicy
 from specserve.speculative.cost_model import CostModel
 from specserve.speculative.draft_model import DraftModelDrafter
+from specserve.speculative.grammar_drafts import GRAMMAR, ForcedSurvival
 from specserve.speculative.drafter import EMPTY, Proposal
 from specserve.speculative.match_stats import MatchStats, RequestFit
 from specserve.speculative.ngram import NgramDrafter
@@ -101,7 +66,8 @@ class SeqSpeculation:
     enabled: bool
     fixed_k: int | None  # a fixed k: drafts of that length whenever a source has them
     policy: object  # the draft model's policy (None without a draft model)
-    candidate: Candidate = NO_CANDIDATE  # this step's lookup candidate
+    candidate: Candidate = NO_CANDIDATE  # this step's lookup candidate (after `forced`)
+    forced: list[int] = field(default_factory=list)  # this step's grammar-forced drafts
     source: str | None = None  # this step's source
     reason: str = "no_match"
     model_idle: bool = False  # the draft model drafted nothing in this sequence's last round
@@ -113,20 +79,24 @@ class SeqSpeculation:
 
 class SpeculationController:
     def __init__(self, config, cost, lookup=None, model=None, source_name: str = "suffix",
-                 max_model_len: int = 1 << 30) -> None:
+                 max_model_len: int = 1 << 30, calibration=None, head=None) -> None:
         """`config`: the engine's SpeculativeConfig; `cost`: its CostModel; `lookup`: a
         lookup drafter (`candidate(seq, limit)`, `finish(seq, keep)`); `model`: a draft-model
-        drafter (see `drafter.Drafter`) or None; `source_name` names the lookup in metrics."""
+        drafter (see `drafter.Drafter`) or None; `source_name` names the lookup in metrics;
+        `calibration`: `calibration.Calibration` of the cost model (None: not timed);
+        `head`: a function that restricts the draft model's head at start-up (or None)."""
         self.config, self.cost, self.lookup, self.model = config, cost, lookup, model
         self.source_name, self.max_model_len = source_name, max_model_len
+        self.calibration, self._head = calibration, head
         self.stats = MatchStats()
-        self._seqs: dict[int, SeqSpeculation] = {}
-        self.probe_every = PROBE_EVERY  # (see the module doc, step 3)
+        self.forced_survival = ForcedSurvival()
+        self.probe_every = PROBE_EVERY  # (see docs/design.md, probes)
         self.probe_down_every = PROBE_DOWN_EVERY
         self._left_out = 0  # steps since the last probe whose budget left a lookup slot out
         self._took = 0  # steps since the last downward probe whose budget took a slot
-        self.probes = 0  # probes taken (see the module doc, step 3)
+        self.probes = 0  # probes taken
         self.probes_down = 0  # ... and downward probes
+        self._draft_prefilled = False  # the draft model prefilled in this step's propose
 
     @property
     def cap(self) -> int:
@@ -134,56 +104,54 @@ class SpeculationController:
         k = self.config.num_speculative_tokens
         return self.config.max_k if k == -1 else k
 
-    def state(self, seq) -> SeqSpeculation:
-        """The controller's state of a sequence it tracks."""
-        return self._seqs[seq.seq_id]
+    @property
+    def bonus_token(self) -> bool:
+        return self.config.bonus_token
+
+    @property
+    def tv_budget(self) -> float:
+        """The mentored-decoding budget of a request that sets none."""
+        return self.config.tv_budget
+
+    @property
+    def kv_touched_bytes(self) -> int:
+        """Bytes of the draft model's KV pool ever taken (0 without one)."""
+        model = self.model
+        return model.blocks.high_water * model.runner.block_bytes if model is not None else 0
+
+    @staticmethod
+    def state(seq) -> SeqSpeculation:
+        """The controller's state of a sequence (kept on the sequence)."""
+        return seq.spec
 
     # ------------------------------------------------------------------ lifecycle
-    def add(self, seq, override=None, views: list[list[int]] = ()) -> None:
-        """A request's sequence joins (`override`: its SpeculationOverride, or None; `views`:
-        other renderings of its prompt, from `prompt_views`: none unless the lookup searches
-        them)."""
-        for view in views:
-            self.lookup.add_view(seq, view)
+    def join(self, seqs: list, override=None, tokenizer=None) -> None:
+        """A request's sequences join (`override`: its SpeculationOverride, or None); the
+        lookup indexes other renderings of the prompt (`tokenizer` given: the prompt escaped
+        as a JSON string, `suffix.escaped_view`)."""
+        view = escaped_view(tokenizer, seqs[0].prompt_ids) if (
+            tokenizer is not None and hasattr(self.lookup, "add_view")) else None
         config, k = self.config, self.config.num_speculative_tokens
         name = config.policy_name
         if override is not None and override.num_speculative_tokens is not None:
             k = override.num_speculative_tokens
             name = "cost_aware" if k == -1 else "fixed"
         enabled = override is None or override.enabled
-        policy = None
-        if self.model is not None:
-            policy = make_policy(name, k, self.cost, max_k=config.max_k) if enabled \
-                else FixedPolicy(0)
-        self._seqs[seq.seq_id] = SeqSpeculation(enabled and k != 0,
-                                                k if name == "fixed" else None, policy)
+        for seq in seqs:
+            if view:
+                self.lookup.add_view(seq, view)
+            policy = None
+            if self.model is not None:
+                policy = make_policy(name, k, self.cost, max_k=config.max_k) if enabled \
+                    else FixedPolicy(0)
+            seq.spec = SeqSpeculation(enabled and k != 0, k if name == "fixed" else None, policy)
 
-    def admitted(self, seq) -> None:
-        """The scheduler admitted the sequence (its prompt may still be prefilling)."""
-        if self.model is not None:
-            self.model.start(seq)
-
-    def forget(self, seq) -> None:
-        """The sequence was preempted: what the draft model held of it goes."""
-        if self.model is not None:
-            self.model.finish(seq)
-        self._seqs[seq.seq_id].model_idle = False
-
-    def prompt_views(self, tokenizer, prompt_ids: list[int]) -> list[list[int]]:
-        """The views of a prompt that the lookup searches (`add`'s `views`; none if it
-        searches none): the prompt escaped as a JSON string (`suffix.escaped_view`)."""
-        if not hasattr(self.lookup, "add_view"):
-            return []
-        view = escaped_view(tokenizer, prompt_ids)
-        return [view] if view else []
-
-    def finish(self, seq, completed: bool) -> None:
+    def release(self, seq, completed: bool) -> None:
         """The sequence left; a completed output joins the lookup's shared cache."""
         if self.model is not None:
             self.model.finish(seq)
         if self.lookup is not None:
             self.lookup.finish(seq, keep=completed)
-        self._seqs.pop(seq.seq_id, None)
 
     def reset_prefix_cache(self) -> None:
         """Forget the draft model's cached prefix blocks that no sequence holds."""
@@ -196,12 +164,24 @@ class SpeculationController:
         if cache is not None:
             cache.clear()
 
-    def pending(self) -> bool:
-        """Whether the draft model has prefill work even when no sequence drafts."""
-        return self.model is not None and self.model.pending()
+    # ------------------------------------------------------------------ start-up, idle
+    def startup(self) -> None:
+        """The draft's restricted head, then the cost model's timed passes (on the thread
+        that steps the engine)."""
+        if self._head is not None:
+            self._head()
+            self._head = None
+        if self.calibration is not None:
+            self.calibration.run()
 
-    def run_pending(self) -> None:
-        self.model.propose([], [])
+    @property
+    def has_idle_work(self) -> bool:
+        """Whether the timed passes must run again (other work disturbed them)."""
+        return self.calibration is not None and self.calibration.pending
+
+    def idle_work(self, interrupted) -> None:
+        """The timed passes once more, stopped by `interrupted()`."""
+        self.calibration.retry(interrupted)
 
     # ------------------------------------------------------------------ the plan
     def plan(self, seqs: list, max_rows: int | None = None) -> dict[int, int]:
@@ -212,7 +192,7 @@ class SpeculationController:
         limit = self.config.disable_by_batch_size
         offers = []
         for seq in seqs:
-            st = self._seqs[seq.seq_id]
+            st = seq.spec
             st.candidate, st.source = NO_CANDIDATE, None
             if limit is not None and len(seqs) >= limit:
                 offer = Offer(reason="batch_limit")
@@ -226,7 +206,7 @@ class SpeculationController:
             offers.append(offer)
         ks = self._within_budget(offers, len(seqs), max_rows)
         for seq, offer, k in zip(seqs, offers, ks):
-            st = self._seqs[seq.seq_id]
+            st = seq.spec
             st.source = offer.source if k else None
             if not k and offer.source is not None:
                 st.reason = "did_not_pay"
@@ -247,6 +227,7 @@ class SpeculationController:
         elif st.reason in ("no_match", "did_not_pay"):
             st.idle += 1
             if (batch > 1 and st.fit.factor() <= 1.0 and st.fixed_k is None
+                    and seq.grammar is None
                     and (self.model is None or not self.model.started(seq))):
                 st.wait = min(st.idle // BACKOFF_AFTER, MAX_BACKOFF)
 
@@ -283,17 +264,30 @@ class SpeculationController:
         return lookup
 
     def _lookup_offer(self, seq, st: SeqSpeculation, room: int) -> Offer:
-        if self.lookup is None:
-            return Offer(reason="no_match")
+        """The free sources' offer: what a grammar forces next, then the lookup's candidate
+        continuing after it (cut where the grammar would refuse it)."""
         limit = room if st.fixed_k is None else min(room, st.fixed_k)
-        cand = self.lookup.candidate(seq, limit)
+        grammar = seq.grammar
+        st.forced = grammar.forced(limit) if grammar is not None else []
+        cand = NO_CANDIDATE
+        if self.lookup is not None and limit > len(st.forced):
+            cand = self.lookup.candidate(seq, limit - len(st.forced), st.forced)
+            if grammar is not None and cand.tokens:
+                legal = grammar.legal_prefix(st.forced + cand.tokens) - len(st.forced)
+                cand = Candidate(cand.tokens[:legal], cand.confidence[:legal], cand.match_len,
+                                 cand.from_cache) if legal > 0 else NO_CANDIDATE
         st.candidate = cand
-        if not cand.tokens:
+        n = len(st.forced) + len(cand.tokens)
+        if not n:
             return Offer(reason="no_match")
         if st.fixed_k is not None:
-            return Offer(LOOKUP, [1.0] * len(cand.tokens), reason="")
-        return Offer(LOOKUP, self.stats.survival(cand.confidence, cand.match_len,
-                                                 cand.from_cache, st.fit), reason="")
+            return Offer(LOOKUP, [1.0] * n, reason="")
+        survival = self.forced_survival.survival(len(st.forced))
+        reach = survival[-1] if survival else 1.0
+        if cand.tokens:
+            survival += [reach * p for p in self.stats.survival(
+                cand.confidence, cand.match_len, cand.from_cache, st.fit)]
+        return Offer(LOOKUP, survival, reason="")
 
     def _model_offer(self, seq, st: SeqSpeculation, room: int) -> Offer:
         model, policy = self.model, st.policy
@@ -400,69 +394,115 @@ class SpeculationController:
         return max(seconds, 1e-12)
 
     # ------------------------------------------------------------------ the round
-    def propose(self, seqs: list, ks: list[int]) -> list[Proposal]:
-        """The drafts of the scheduled sequences (`ks` may be below the plan: a sequence the
-        cache could not grow for drafts none), plus any draft-model prefill chunks."""
+    def propose(self, plan) -> list[Proposal]:
+        """The drafts of the step's decoding sequences (`plan.decode`, `plan.ks`: the
+        scheduler may have cut a plan's k to 0 where the cache could not grow for drafts),
+        plus any draft-model prefill chunks. Sequences the step admitted start with the draft
+        model; preempted ones lose what it held of them."""
+        model = self.model
+        if model is not None:
+            for seq in plan.preempted:
+                model.finish(seq)
+                seq.spec.model_idle = False
+            for seq in plan.admitted:
+                model.start(seq)
+        seqs, ks = plan.decode, plan.ks
         proposals = [EMPTY] * len(seqs)
         model_ks = [0] * len(seqs)
         for i, (seq, k) in enumerate(zip(seqs, ks)):
-            st = self._seqs[seq.seq_id]
+            st = seq.spec
             if k and st.source == LOOKUP:
-                proposals[i] = Proposal(st.candidate.tokens[:k], None)
+                proposals[i] = Proposal((st.forced + st.candidate.tokens)[:k], None)
             elif k and st.source == MODEL:
                 model_ks[i] = k
-        if self.model is not None and (any(model_ks) or self.model.pending()):
-            drafted = self.model.propose(seqs, model_ks)
+        self._draft_prefilled = model is not None and model.pending()
+        if model is not None and (any(model_ks) or self._draft_prefilled):
+            drafted = model.propose(seqs, model_ks)
             for i, k in enumerate(model_ks):
                 if k:
                     proposals[i] = drafted[i]
         return proposals
 
-    def model_resumed(self, seqs: list, ks: list[int]) -> bool:
-        """Whether a draft model drafts this round for a sequence it sat out the last round
-        of (its catch-up makes the round's draft time unrepresentative)."""
-        return any(k and self._seqs[s.seq_id].source == MODEL and self._seqs[s.seq_id].model_idle
-                   for s, k in zip(seqs, ks))
+    def observe(self, plan, proposals: list[Proposal], accepted: list[int],
+                old_lens: list[int], draft_s: float | None = None,
+                rest_s: float | None = None) -> None:
+        """The round ran: the verifier kept `accepted[i]` of `proposals[i]` (each sequence's
+        tokens now hold them and the recovered or bonus token; `old_lens[i]`: its length
+        before). Drafters roll back, policies and statistics learn, and the cost model learns
+        the draft time and the rest of the round (the target pass and sampling: what a plain
+        decode step costs too, so k = 0 is priced like any other k) — not from steps that
+        also prefilled, nor from a draft model's catch-up after rounds without it (nor at all
+        without timings)."""
+        seqs, ks = plan.decode, plan.ks
+        steps = max((k for s, k in zip(seqs, ks) if s.spec.source == MODEL), default=0)
+        resumed = any(k and s.spec.source == MODEL and s.spec.model_idle
+                      for s, k in zip(seqs, ks))
+        if draft_s is not None and steps and not self._draft_prefilled and not resumed:
+            self.cost.observe_draft(steps, draft_s)
+        if rest_s is not None and not plan.chunks:
+            self.cost.observe_verify(sum(p.k + 1 for p in proposals) - 1, rest_s)
+        for seq, prop, n, old_len in zip(seqs, proposals, accepted, old_lens):
+            self._commit(seq, prop, n, old_len)
 
-    def model_steps(self, seqs: list, ks: list[int]) -> int:
-        """Draft-model steps this round (the longest draft it makes)."""
-        return max((k for s, k in zip(seqs, ks) if self._seqs[s.seq_id].source == MODEL),
-                   default=0)
-
-    def commit(self, seq, proposal: Proposal, num_accepted: int, old_len: int) -> None:
-        """The verifier kept `num_accepted` of the proposal; `seq.token_ids` holds them and
-        the recovered or bonus token. Sources and policies learn; metrics are recorded."""
-        st = self._seqs[seq.seq_id]
+    def _commit(self, seq, proposal: Proposal, num_accepted: int, old_len: int) -> None:
+        st = seq.spec
         k = proposal.k
         if self.model is not None:
             self.model.commit(seq, num_accepted, old_len)
         if k and st.source == LOOKUP:
-            cand = st.candidate
-            self.stats.observe(cand.confidence[:k], cand.match_len, cand.from_cache,
-                               num_accepted, st.fit)
+            self._learn_lookup(seq, st, k, num_accepted)
+        elif k and st.source == MODEL:
+            seq.metrics.record_source(MODEL, k, num_accepted, st.reason)
+        else:
+            seq.metrics.record_source(None, 0, 0, st.reason)
         if st.policy is not None:
             st.policy.observe(k if st.source == MODEL else 0, num_accepted)
         st.model_idle = not (k and st.source == MODEL)
-        name = (self.source_name if st.source == LOOKUP else MODEL) if k else None
-        seq.metrics.record_source(name, k, num_accepted, st.reason)
+
+    def _learn_lookup(self, seq, st: SeqSpeculation, k: int, num_accepted: int) -> None:
+        """A free-source round: its grammar-forced drafts first, then the lookup's; each
+        part is learned from (and counted) only where the verifier reached it."""
+        forced = min(len(st.forced), k)
+        if forced:
+            kept = min(num_accepted, forced)
+            self.forced_survival.observe(forced, kept)
+            seq.metrics.record_source(GRAMMAR, forced, kept, st.reason)
+        rest, reached = k - forced, num_accepted >= forced
+        if rest and reached:
+            cand = st.candidate
+            self.stats.observe(cand.confidence[:rest], cand.match_len, cand.from_cache,
+                               num_accepted - forced, st.fit)
+            seq.metrics.record_source(self.source_name, rest, num_accepted - forced, st.reason)
 
 
 def build_controller(config, draft_runner=None, target_vocab: int = 0,
                      max_prefill_tokens: int = 256, max_model_len: int = 1 << 30,
-                     prefix_caching: bool = True) -> SpeculationController:
+                     prefix_caching: bool = True, runner=None,
+                     head_keep: list[int] | None = None) -> SpeculationController:
     """The controller a SpeculativeConfig asks for: its lookup source (suffix drafting with
     the shared cache of earlier outputs for `hybrid` and `suffix`, prompt lookup for
     `ngram`) and its draft model (for `draft_model`, and `hybrid` with a model), which
-    drafts through `draft_runner` with a block manager of its own."""
+    drafts through `draft_runner` with a block manager of its own. `runner` (the target's):
+    the cost-aware policy's timed passes run on it at start-up; `head_keep` (None: the head is
+    left whole): the draft tokens a restricted draft head keeps beside the frequent ones (its
+    special tokens), where the config restricts it."""
     lookup, name = None, "suffix"
     if config.method == "ngram":
         lookup, name = NgramDrafter(config.prompt_lookup_max, config.prompt_lookup_min), "ngram"
     elif config.method in ("hybrid", "suffix"):
         cache = SuffixCache(config.suffix_cache_tokens) if config.suffix_cache_tokens else None
         lookup = SuffixDrafter(cache, max_draft=config.max_k)
-    model = None
+    model = head = None
     if config.uses_draft_model:
         model = DraftModelDrafter(draft_runner, draft_runner.block_manager(prefix_caching),
                                   target_vocab, max_prefill_tokens=max_prefill_tokens,
                                   prefill_window=config.prefill_window)
-    return SpeculationController(config, CostModel(), lookup, model, name, max_model_len)
+        if config.draft_vocab_size is not None and head_keep is not None:
+            head = partial(model.restrict_head, config.draft_vocab_size, list(head_keep))
+    cost = CostModel()
+    cap = config.max_k if config.num_speculative_tokens == -1 else config.num_speculative_tokens
+    calibration = None
+    if runner is not None and config.policy_name == "cost_aware" and cap > 0:
+        calibration = Calibration(cost, runner, draft_runner if model is not None else None, cap)
+    return SpeculationController(config, cost, lookup, model, name, max_model_len,
+                                 calibration, head)

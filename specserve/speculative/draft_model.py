@@ -52,6 +52,7 @@ import torch
 from specserve.sampling.processors import (argmax_rows, greedy_scores, needs_history,
                                            processed_probs)
 from specserve.sampling.rejection import sample_from
+from specserve.speculative.draft_head import restricted_head
 from specserve.speculative.drafter import EMPTY, DraftSequence, Proposal
 
 DEFAULT_MAX_CATCHUP = 4  # newest unseen tokens fed before drafting; older ones are skipped
@@ -82,6 +83,12 @@ class DraftBlocks(Protocol):
     def register(self, table, tokens: list[int], num_committed: int) -> None: ...
 
     def reset_prefix_cache(self) -> int: ...
+
+
+def _grammar_done(seq: DraftSequence) -> bool:
+    """The sequence's grammar (following this round's drafts) allows nothing more."""
+    grammar = getattr(seq, "grammar", None)
+    return grammar is not None and grammar.is_terminated
 
 
 class _DraftSeq:
@@ -126,6 +133,11 @@ class DraftModelDrafter:
         self._promised = 0  # prefill positions of fresh tails promised to the next `propose`
         self.prefix_hit_tokens = 0  # positions taken from the draft's prefix cache
         self.num_started = 0  # sequences whose draft was started (`activate`)
+
+    def restrict_head(self, keep: int, extra: list[int]) -> None:
+        """Score only the draft's `keep` most frequent ids and `extra` (`restricted_head`):
+        a cheaper draft step, still lossless. Run before the first pass."""
+        self.runner.head = restricted_head(self.runner.model, keep, extra)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, seq: DraftSequence) -> None:
@@ -224,11 +236,15 @@ class DraftModelDrafter:
                 st.fresh = False
                 self._sample(seq, st, lg)
             active = [(seq, k, st, [st.tokens[-1]]) for seq, k, st, _ in active
-                      if len(st.tokens) < k]
+                      if len(st.tokens) < k and not _grammar_done(seq)]
             rows = [row for *_, row in active]
             starts = [st.num_cached for _, _, st, _ in active]
             tables = [st.table for _, _, st, _ in active]
             last_n = [1] * len(active)
+        for seq, k in zip(seqs, ks):  # the grammar followed the drafts: back to the sequence
+            grammar = getattr(seq, "grammar", None)
+            if k and grammar is not None and self._seqs[seq.seq_id].tokens:
+                grammar.rollback(len(self._seqs[seq.seq_id].tokens))
         return [self._proposal(seq, k) for seq, k in zip(seqs, ks)]
 
     def _prefill_chunks(self, drafting: set[int], budget: int
@@ -275,7 +291,12 @@ class DraftModelDrafter:
         return seq.token_ids[st.seen:]
 
     def _sample(self, seq: DraftSequence, st: _DraftSeq, logits: torch.Tensor) -> None:
+        """The next draft token, sampled as the target would be: from the processed
+        distribution, masked by the sequence's grammar (which then follows the draft)."""
         logits = self._align(logits)  # [1, target vocab]
+        grammar = getattr(seq, "grammar", None)
+        if grammar is not None:
+            logits = logits.masked_fill(~grammar.allowed()[None, :], float("-inf"))
         # the history is only read for penalties: skip copying the sequence when none are set
         history = seq.token_ids + st.tokens if needs_history(seq.params) else seq.token_ids
         if seq.params.greedy:
@@ -286,6 +307,9 @@ class DraftModelDrafter:
             u = torch.rand((), generator=seq.generator)
             st.tokens.append(sample_from(probs[0], u))
             st.probs.append(probs[0])
+        if grammar is not None:
+            accepted = grammar.accept(st.tokens[-1])
+            assert accepted, "a token sampled under the grammar's mask is legal"
 
     def _proposal(self, seq: DraftSequence, k: int) -> Proposal:
         st = self._seqs[seq.seq_id]

@@ -18,6 +18,7 @@ The drafter is deterministic: proposals carry no distribution (one-hot for the v
 from __future__ import annotations
 
 from collections.abc import Sequence as TokenSequence
+
 import numpy as np
 
 from specserve.speculative.candidate import NO_CANDIDATE, Candidate, TokenBuffer
@@ -92,11 +93,14 @@ class NgramDrafter:
         self.prompt_lookup_min = prompt_lookup_min
         self._buffers: dict[int, TokenBuffer] = {}
 
-    def candidate(self, seq: DraftSequence, limit: int) -> Candidate:
-        """Up to `limit` tokens that followed the last earlier copy of the context's end."""
+    def candidate(self, seq: DraftSequence, limit: int, extra: list[int] = ()) -> Candidate:
+        """Up to `limit` tokens that followed the last earlier copy of the context's end (the
+        context: the sequence's tokens, then `extra`)."""
         if limit <= 0:
             return NO_CANDIDATE
         tokens = self._buffers.setdefault(seq.seq_id, TokenBuffer()).sync(seq.token_ids)
+        if extra:
+            tokens = np.concatenate([tokens, np.asarray(extra, dtype=np.int64)])
         n, draft = find_ngram_match(tokens, limit, self.prompt_lookup_max,
                                     self.prompt_lookup_min)
         return Candidate(draft, [1.0] * len(draft), n) if draft else NO_CANDIDATE

@@ -261,12 +261,15 @@ class SuffixDrafter:
         view = self._views.setdefault(seq.seq_id, SuffixCache(1 << 30, min_key=KEY_LEN))
         view.add(tokens)
 
-    def candidate(self, seq, max_draft: int | None = None) -> Candidate:
-        """The voted draft following `seq.token_ids` (at most `max_draft` tokens)."""
+    def candidate(self, seq, max_draft: int | None = None, extra: list[int] = ()) -> Candidate:
+        """The voted draft following `seq.token_ids` and then `extra` (tokens the round
+        drafts before it), at most `max_draft` tokens."""
         limit = self.max_draft if max_draft is None else min(max_draft, self.max_draft)
         if limit <= 0:
             return NO_CANDIDATE
         arr = self._buffers.setdefault(seq.seq_id, TokenBuffer()).sync(seq.token_ids)
+        if extra:
+            arr = np.concatenate([arr, np.asarray(extra, dtype=np.int64)])
         n, ends = _self_matches(arr, self.max_match)
         voters = [(n, arr, int(e)) for e in ends[::-1][:MAX_CANDIDATES]]
         view = self._views.get(seq.seq_id)

@@ -12,6 +12,7 @@ import threading
 import pytest
 import torch
 
+from specserve.clients.async_engine import AsyncEngine
 from specserve.engine.engine import LLMEngine
 from specserve.engine.output_processor import IncrementalDetokenizer
 from specserve.engine.outputs import SpeculationOverride, TokenOrigin
@@ -199,35 +200,37 @@ def memory_in_use(engine: LLMEngine) -> int:
 
 def test_abort_from_another_thread_frees_memory_and_the_others_finish():
     engine = byte_engine(3, max_num_seqs=4)
-    for i in range(3):
-        engine.add_request([0], greedy(max_tokens=150), request_id=f"r{i}")
-    steps = threading.Semaphore(0)
-    aborted = threading.Event()
+    client = AsyncEngine(engine)  # the thread that owns the engine core
+    finals, deltas, memory = {}, {}, {"most": 0, "at_abort": None}
+    done, first = threading.Event(), threading.Event()
 
-    def aborter():
-        steps.acquire()  # after the first step
-        engine.abort_request("r1")
-        aborted.set()
+    def on_delta(d):  # on the engine thread, between steps
+        memory["most"] = max(memory["most"], memory_in_use(engine))
+        deltas.setdefault(d.request_id, []).append(d)
+        if d.request_id == "r1":
+            first.set()
+        if d.finished:
+            finals[d.request_id] = d.output
+            if d.request_id == "r1":
+                memory["at_abort"] = memory_in_use(engine)
+                assert d.completions[0].finish_reason == "abort"
+            if len(finals) == 3:
+                done.set()
 
-    thread = threading.Thread(target=aborter)
-    thread.start()
-    finals, abort_step_memory, most = {}, None, 0
-    while engine.has_unfinished():
-        for d in engine.step():
-            most = max(most, memory_in_use(engine))
-            if d.finished:
-                finals[d.request_id] = d.output
-                if d.request_id == "r1":
-                    abort_step_memory = memory_in_use(engine)
-                    assert d.completions[0].finish_reason == "abort"
-        steps.release()
-        if not aborted.is_set():
-            aborted.wait()
-    thread.join()
+    try:
+        for i in range(3):
+            client.add([0], greedy(max_tokens=150), request_id=f"r{i}", on_delta=on_delta)
+        first.wait(30)
+        aborter = threading.Thread(target=client.abort, args=("r1",))
+        aborter.start()
+        aborter.join()
+        assert done.wait(60)
+    finally:
+        client.shutdown(timeout=10)
     r1 = finals["r1"].outputs[0]
     assert r1.finish_reason == "abort" and 0 < len(r1.token_ids) < 150
     assert r1.text == expected_text(len(r1.token_ids))
-    assert abort_step_memory is not None and 0 < abort_step_memory < most
+    assert memory["at_abort"] is not None and 0 < memory["at_abort"] < memory["most"]
     assert engine.spec.model._seqs == {}  # the draft cache let go too
     for rid in ("r0", "r2"):
         assert finals[rid].outputs[0].finish_reason == "length"
@@ -237,25 +240,33 @@ def test_abort_from_another_thread_frees_memory_and_the_others_finish():
 
 def test_abort_during_a_step_takes_effect_at_the_next_step():
     engine = byte_engine(3)
-    engine.add_request([0], greedy(max_tokens=100), request_id="a")
-    engine.add_request([0], greedy(max_tokens=100), request_id="b")
-    forward, calls = engine.runner.forward, []
+    client = AsyncEngine(engine)
+    forward, calls, log, done = engine.runner.forward, [], [], threading.Event()
 
     def forward_then_abort(*a, **kw):
         calls.append(1)
         if len(calls) == 3:
-            engine.abort_request("a")  # the step holds the engine: queued for the next one
+            client.abort("a")  # posted while a step holds the engine: applied before the next
         return forward(*a, **kw)
 
+    def on_delta(d):  # (target passes so far, request, finished, reason)
+        reasons = [c.finish_reason for c in d.completions]
+        log.append((len(calls), d.request_id, d.finished, reasons))
+        if d.finished and d.request_id == "b":
+            done.set()
+
     engine.runner.forward = forward_then_abort
-    engine.step(), engine.step()
-    third = engine.step()
-    assert [d.finished for d in third] == [False, False]  # both advanced, "a" not yet aborted
-    fourth = {d.request_id: d for d in engine.step()}
-    assert fourth["a"].finished and fourth["a"].output.outputs[0].finish_reason == "abort"
-    assert not fourth["b"].finished
-    deltas, finals = stream_all(engine)
-    assert finals["b"].outputs[0].text == expected_text(100)
+    try:
+        client.add([0], greedy(max_tokens=100), request_id="a", on_delta=on_delta)
+        client.add([0], greedy(max_tokens=100), request_id="b", on_delta=on_delta)
+        assert done.wait(60)
+    finally:
+        client.shutdown(timeout=10)
+    a = [entry for entry in log if entry[1] == "a"]
+    assert (3, "a", False, [None]) in a  # it advanced in the step the abort arrived during
+    assert a[-1] == (4, "a", True, ["abort"])  # and was aborted at the next one
+    b = [entry for entry in log if entry[1] == "b"]
+    assert b[-1][2] and b[-1][3] == ["length"] and not any(e[2] for e in b[:-1])
 
 
 def test_abort_before_scheduling_removes_the_waiting_request():
@@ -338,17 +349,32 @@ def test_a_request_that_fails_while_being_queued_gets_an_error_delta_and_others_
     engine = byte_engine(0)
     new_sequence = engine._new_sequence
 
-    def failing(request_id, *a):
-        if request_id == "bad":
+    def failing(req, *a):
+        if req.request_id == "bad":
             raise RuntimeError("cannot build")
-        return new_sequence(request_id, *a)
+        return new_sequence(req, *a)
 
     engine._new_sequence = failing
-    engine.add_request([0], greedy(max_tokens=3), request_id="bad")
-    engine.add_request([0], greedy(max_tokens=3), request_id="good")
-    deltas, finals = stream_all(engine)
-    assert isinstance(deltas["bad"][-1].error, RuntimeError) and finals["bad"].outputs == []
-    assert finals["good"].outputs[0].text == expected_text(3)
+    with pytest.raises(RuntimeError, match="cannot build"):  # the core: raised to its caller
+        engine.add_request([0], greedy(max_tokens=3), request_id="bad")
+    assert not engine.has_request("bad") and not engine.has_unfinished()
+    client = AsyncEngine(engine)  # a client: the failure is that request's error delta
+    finals, done = {}, threading.Event()
+
+    def on_delta(d):
+        if d.finished:
+            finals[d.request_id] = d
+            if len(finals) == 2:
+                done.set()
+
+    try:
+        client.add([0], greedy(max_tokens=3), request_id="bad", on_delta=on_delta)
+        client.add([0], greedy(max_tokens=3), request_id="good", on_delta=on_delta)
+        assert done.wait(30)
+    finally:
+        client.shutdown(timeout=10)
+    assert isinstance(finals["bad"].error, RuntimeError) and finals["bad"].output is None
+    assert finals["good"].output.outputs[0].text == expected_text(3)
     assert not engine.has_request("bad")
 
 

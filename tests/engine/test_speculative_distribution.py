@@ -130,9 +130,9 @@ def record_sources(engine) -> list[set[str]]:
     spec, rounds = engine.spec, []
     propose = spec.propose
 
-    def recording(seqs, ks):
-        rounds.append({spec.state(s).source for s, k in zip(seqs, ks) if k})
-        return propose(seqs, ks)
+    def recording(plan):
+        rounds.append({spec.state(s).source for s, k in zip(plan.decode, plan.ks) if k})
+        return propose(plan)
 
     spec.propose = recording
     return rounds
@@ -174,7 +174,7 @@ def test_mixed_sources_in_one_pass_keep_the_target_law(temperature):
 def test_mixed_sources_chi_square_catches_a_subtly_wrong_verifier(monkeypatch):
     """The can-fail check of the mixed test: a verifier that accepts one-hot drafts a little
     too often (its uniforms scaled by 0.8) must be caught by the same χ² test."""
-    from specserve.engine import engine as engine_module
+    from specserve.engine import rounds as engine_module
 
     verify = engine_module.verify
 

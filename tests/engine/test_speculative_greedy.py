@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from specserve import llm as llm_module
-from specserve.engine.calibration import calibrate
 from specserve.llm import LLM
+from specserve.speculative import calibration
+from specserve.speculative.calibration import calibrate
 from specserve.sampling.params import SamplingParams
 from specserve.speculative.cost_model import non_decreasing
 from tests import tiny
@@ -208,7 +208,7 @@ def test_cost_aware_engine_starts_calibrated(int8_pair, monkeypatch):
 
     threads = []
 
-    monkeypatch.setattr(llm_module, "calibrate", watched)
+    monkeypatch.setattr(calibration, "calibrate", watched)
     llm = LLM(target, draft=draft, speculative_config=spec(-1, max_k=5))
     assert len(runs) == 1
     assert threads[0] is threading.current_thread()  # the thread that builds it
@@ -241,12 +241,12 @@ def test_a_deferred_start_up_is_timed_on_the_engine_thread_before_it_serves(int8
         threads.append(threading.current_thread())
         return calibrate(*args)
 
-    monkeypatch.setattr(llm_module, "calibrate", watched)
+    monkeypatch.setattr(calibration, "calibrate", watched)
     llm = LLM(target, draft=draft, speculative_config=spec(-1, max_k=3), defer_startup=True)
-    assert threads == [] and llm.engine.startup is not None
+    assert threads == [] and not llm.engine.started
     engine = llm.async_engine()
     try:
-        assert threads == [engine._thread] and llm.engine.startup is None
+        assert threads == [engine._thread] and llm.engine.started
         assert llm.engine.cost.verify_time(0) != 1.0  # seeded
         out = llm.generate(PROMPT, greedy(8))[0].outputs[0]
         assert threads == [engine._thread] and len(out.token_ids) == 8
@@ -256,15 +256,15 @@ def test_a_deferred_start_up_is_timed_on_the_engine_thread_before_it_serves(int8
     def broken(*args):
         raise RuntimeError("no room for a timing pass")
 
-    monkeypatch.setattr(llm_module, "calibrate", broken)
+    monkeypatch.setattr(calibration, "calibrate", broken)
     failing = LLM(target, draft=draft, speculative_config=spec(-1, max_k=3), defer_startup=True)
     with pytest.raises(RuntimeError, match="no room"):
         failing.async_engine()
     # used offline instead, the first step runs it on the stepping thread
-    monkeypatch.setattr(llm_module, "calibrate", watched)
+    monkeypatch.setattr(calibration, "calibrate", watched)
     offline = LLM(target, draft=draft, speculative_config=spec(-1, max_k=3), defer_startup=True)
     offline.generate(PROMPT, greedy(4))
-    assert threads[-1] is threading.current_thread() and offline.engine.startup is None
+    assert threads[-1] is threading.current_thread() and offline.engine.started
 
 
 @pytest.mark.parametrize("method", ["suffix", "hybrid"])
@@ -288,7 +288,8 @@ def test_a_second_request_repeating_the_first_ones_output_drafts_from_it(int8_pa
                                               "num_speculative_tokens": 8})
         lookup, seen = llm.engine.spec.lookup, []
         candidate = lookup.candidate
-        lookup.candidate = lambda seq, limit: seen.append(c := candidate(seq, limit)) or c
+        lookup.candidate = lambda seq, limit, extra=(): seen.append(
+            c := candidate(seq, limit, extra)) or c
         first = llm.generate(prompt, greedy(n))[0].outputs[0]
         in_first = len(seen)
         second = llm.generate(prompt, greedy(n))[0].outputs[0]
@@ -319,8 +320,7 @@ def test_timed_passes_that_other_work_disturbed_run_again_when_the_engine_is_idl
     the cost model is seeded with them (a busy machine's figures), and they run again at the
     engine's idle moments, on its thread, until they run undisturbed; requests are served
     meanwhile, and a later settled run seeds the cost model anew."""
-    from specserve.engine import async_engine as async_module
-    from specserve.engine import calibration
+    from specserve.clients import async_engine as async_module
 
     target, draft = int8_pair
     monkeypatch.setattr(calibration, "CALIBRATION_PATIENCE_S", 0.0)
@@ -332,12 +332,12 @@ def test_timed_passes_that_other_work_disturbed_run_again_when_the_engine_is_idl
         threads.append(threading.current_thread())
         return calibrate(*args, **kwargs)
 
-    monkeypatch.setattr(llm_module, "calibrate", watched)
+    monkeypatch.setattr(calibration, "calibrate", watched)
     llm = LLM(target, draft=draft, speculative_config=spec(-1, max_k=3), defer_startup=True)
     plain = LLM(target).generate(PROMPT, greedy(12))[0].outputs[0]
     engine = llm.async_engine()
     try:
-        assert llm.engine.idle_work is not None and llm.engine.cost.verify_time(0) != 1.0
+        assert llm.engine.has_idle_work and llm.engine.cost.verify_time(0) != 1.0
         deadline = time.monotonic() + 30
         while len(threads) < 3 and time.monotonic() < deadline:  # still disturbed: retried
             time.sleep(0.02)
@@ -346,9 +346,9 @@ def test_timed_passes_that_other_work_disturbed_run_again_when_the_engine_is_idl
         assert out.token_ids == plain.token_ids  # served meanwhile, exactly
         seeded = llm.engine.cost.snapshot()
         monkeypatch.setattr(calibration, "SETTLED_SHARE", 0.0)  # the machine is quiet again
-        while llm.engine.idle_work is not None and time.monotonic() < deadline + 30:
+        while llm.engine.has_idle_work and time.monotonic() < deadline + 30:
             time.sleep(0.02)
-        assert llm.engine.idle_work is None
+        assert not llm.engine.has_idle_work
         assert llm.engine.cost.snapshot() != seeded  # seeded anew from the settled passes
         out = llm.generate(PROMPT, greedy(12))[0].outputs[0]
         assert out.token_ids == plain.token_ids

@@ -1,7 +1,7 @@
 """A named model is served: the default draft drafts only for the default target or a target of
 its vocabulary (hybrid speculation); any other target gets suffix drafting (model-free), and the
 log says so in one
-line (`specserve/server/default_speculation.py`)."""
+line (`specserve/default_speculation.py`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-from specserve.server.default_speculation import decide
+from specserve.default_speculation import decide
 from tests import tiny
 from tests.conftest import real_model_path
 from tests.server.conftest import free_port

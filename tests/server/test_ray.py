@@ -25,7 +25,7 @@ import openai
 import pytest
 
 from specserve.engine.outputs import EngineStats
-from specserve.engine.async_engine import EngineDead, EngineError
+from specserve.clients.async_engine import EngineDead, EngineError
 from specserve.server.replicas.deployment import Failure
 from specserve.server.replicas.pool import ReplicaPool, merge_stats, prefer
 from specserve.server.replicas.prefix import PrefixIndex, block_hashes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pytest
 
 from specserve.engine.outputs import SpeculationOverride
@@ -23,7 +25,10 @@ MODERATE = {k: 0.050 * (1 + 0.1 * k) for k in range(17)}  # a row: 10% of a deco
 class Seq:
     def __init__(self, seq_id: int, left: int = 100) -> None:
         self.seq_id, self.token_ids, self.prompt_len, self.left = seq_id, [1, 2, 3], 3, left
+        self.prompt_ids = self.token_ids[:3]
         self.metrics = SpecMetrics()
+        self.spec = self.grammar = None  # the controller's state; no grammar
+
 
     def tokens_left(self) -> int:
         return self.left
@@ -35,7 +40,7 @@ class Lookup:
     def __init__(self, candidates: dict[int, Candidate]) -> None:
         self.candidates = candidates
 
-    def candidate(self, seq, limit: int) -> Candidate:
+    def candidate(self, seq, limit: int, extra=()) -> Candidate:
         c = self.candidates.get(seq.seq_id, Candidate([], [], 0))
         return Candidate(c.tokens[:limit], c.confidence[:limit], c.match_len, c.from_cache)
 
@@ -72,6 +77,27 @@ class Model:
         return [Proposal([7] * k, None) for k in ks]
 
 
+@dataclass
+class Plan:
+    """What the scheduler hands the controller: the decoding sequences and their k."""
+
+    decode: list
+    ks: list
+    chunks: list = field(default_factory=list)
+    admitted: list = field(default_factory=list)
+    preempted: list = field(default_factory=list)
+
+
+def propose(ctrl: SpeculationController, seqs: list, ks: list[int]) -> list[Proposal]:
+    return ctrl.propose(Plan(seqs, ks))
+
+
+def commit(ctrl: SpeculationController, seq, proposal: Proposal, accepted: int,
+           old_len: int) -> None:
+    """The verifier kept `accepted` of the proposal (a round whose cost is not learned)."""
+    ctrl.observe(Plan([seq], [proposal.k]), [proposal], [accepted], [old_len])
+
+
 def cost(verify: dict[int, float], draft_step: float = 0.01) -> CostModel:
     model = CostModel()
     model.seed(draft_step, verify, draft_prefill_s=0.001)
@@ -95,7 +121,7 @@ def controller(verify, candidates, model=None, **config) -> SpeculationControlle
 
 def plan(ctrl: SpeculationController, seqs: list[Seq], overrides=None) -> list[int]:
     for i, seq in enumerate(seqs):
-        ctrl.add(seq, (overrides or {}).get(i))
+        ctrl.join([seq], (overrides or {}).get(i))
     ks = ctrl.plan(seqs)
     return [ks[s.seq_id] for s in seqs]
 
@@ -139,20 +165,22 @@ def test_a_fixed_k_is_taken_as_asked_and_the_budget_does_not_trim_it():
 
 def test_disable_by_batch_size_turns_drafting_off_for_the_whole_step():
     ctrl = controller(MEMORY_BOUND, {0: long_match(), 1: long_match()}, disable_by_batch_size=2)
-    assert plan(ctrl, [Seq(0), Seq(1)]) == [0, 0]
-    assert ctrl.state(Seq(0)).reason == "batch_limit"
+    seqs = [Seq(0), Seq(1)]
+    assert plan(ctrl, seqs) == [0, 0]
+    assert ctrl.state(seqs[0]).reason == "batch_limit"
 
 
 def test_a_request_can_turn_speculation_off_or_fix_its_k():
     ctrl = controller(MEMORY_BOUND, {0: long_match(), 1: long_match(), 2: long_match()})
-    ks = plan(ctrl, [Seq(0), Seq(1), Seq(2)], {0: SpeculationOverride(enabled=False),
-                                                 1: SpeculationOverride(num_speculative_tokens=2)})
+    seqs = [Seq(0), Seq(1), Seq(2)]
+    ks = plan(ctrl, seqs, {0: SpeculationOverride(enabled=False),
+                           1: SpeculationOverride(num_speculative_tokens=2)})
     # the sequence that asked for none is slowed by the others' drafts by at most the cap
     assert ks[0] == 0 and ks[1] == 2 and 0 < ks[2] < 16
     cost = ctrl.cost
     assert cost.pass_time(3 + 2 + ks[2]) <= (1 + SLOWDOWN_CAP) * cost.pass_time(3 + 2)
     assert cost.pass_time(3 + 2 + ks[2] + 1) > (1 + SLOWDOWN_CAP) * cost.pass_time(3 + 2)
-    assert ctrl.state(Seq(0)).reason == "off"
+    assert ctrl.state(seqs[0]).reason == "off"
 
 
 def test_the_drafts_of_some_slow_a_sequence_that_drafts_nothing_by_at_most_the_cap(monkeypatch):
@@ -181,12 +209,12 @@ def test_the_draft_model_is_used_only_where_the_lookup_does_not_pay():
     ctrl = controller(MEMORY_BOUND, {0: long_match()}, model=model)
     seqs = [Seq(0), Seq(1)]  # 0 has a trusted match, 1 has none
     for seq in seqs:
-        ctrl.add(seq)
+        ctrl.join([seq])
         ctrl.state(seq).policy.prior_mean = 0.9  # a draft model that agrees a lot
     ks = ctrl.plan(seqs)
     assert ks[0] > 0 and ks[1] > 0
     assert ctrl.state(seqs[0]).source == LOOKUP and ctrl.state(seqs[1]).source == MODEL
-    proposals = ctrl.propose(seqs, [ks[0], ks[1]])
+    proposals = propose(ctrl, seqs, [ks[0], ks[1]])
     assert proposals[0].tokens == list(range(10, 10 + ks[0]))  # the lookup's tokens
     assert proposals[1].tokens == [7] * ks[1]  # the model's
     assert model.asked == [[0, ks[1]]]  # the model ran for sequence 1 only
@@ -196,25 +224,25 @@ def test_a_sequence_that_drafts_nothing_never_runs_the_draft_model():
     model = Model()
     ctrl = controller(COMPUTE_BOUND, {}, model=model)
     seqs = [Seq(0)]
-    ctrl.add(seqs[0])
+    ctrl.join([seqs[0]])
     ctrl.state(seqs[0]).policy.prior_mean = 0.2  # it would not pay
     ks = ctrl.plan(seqs)
     assert ks == {0: 0}
-    assert ctrl.propose(seqs, [0])[0].k == 0 and model.asked == []
+    assert propose(ctrl, seqs, [0])[0].k == 0 and model.asked == []
 
 
 def test_lookup_acceptance_is_learned_per_match_length():
     ctrl = controller(MODERATE, {0: Candidate([5, 6, 7, 8], [1.0] * 4, 2)})
     seq = Seq(0)
-    ctrl.add(seq)
+    ctrl.join([seq])
     before = ctrl.stats.survival([1.0] * 4, 2, False)
     assert ctrl.plan([seq])[0] > 0  # the prior trusts a 2-token match enough at first
     for _ in range(20):  # every draft rejected at once
         ks = ctrl.plan([seq])
-        proposal = ctrl.propose([seq], [ks[0]])[0]
+        proposal = propose(ctrl, [seq], [ks[0]])[0]
         if not proposal.k:
             break
-        ctrl.commit(seq, proposal, 0, len(seq.token_ids))
+        commit(ctrl, seq, proposal, 0, len(seq.token_ids))
     after = ctrl.stats.survival([1.0] * 4, 2, False)
     assert after[0] < before[0] and ctrl.plan([seq]) == {0: 0}
     assert seq.metrics.sources["suffix"][2] == 0  # recorded: drafted, none accepted
@@ -232,9 +260,9 @@ def test_sources_and_idle_reasons_are_reported_per_sequence():
     ctrl = controller(MEMORY_BOUND, {0: long_match()})
     seq, other = Seq(0), Seq(1)
     ks = plan(ctrl, [seq, other])
-    proposals = ctrl.propose([seq, other], [ks[0], ks[1]])
-    ctrl.commit(seq, proposals[0], 3, len(seq.token_ids))
-    ctrl.commit(other, proposals[1], 0, len(other.token_ids))
+    proposals = propose(ctrl, [seq, other], [ks[0], ks[1]])
+    commit(ctrl, seq, proposals[0], 3, len(seq.token_ids))
+    commit(ctrl, other, proposals[1], 0, len(other.token_ids))
     assert ks[0] > 3
     assert seq.metrics.by_source == {"suffix": {"rounds": 1, "drafted": ks[0], "accepted": 3,
                                                 "acceptance_rate": 3 / ks[0]}}
@@ -247,9 +275,9 @@ def run_rounds(ctrl: SpeculationController, seqs: list[Seq], accepted, rounds: i
     history = []
     for _ in range(rounds):
         ks = ctrl.plan(seqs)
-        proposals = ctrl.propose(seqs, [ks[s.seq_id] for s in seqs])
+        proposals = propose(ctrl, seqs, [ks[s.seq_id] for s in seqs])
         for seq, proposal in zip(seqs, proposals):
-            ctrl.commit(seq, proposal, accepted(seq, proposal.k), len(seq.token_ids))
+            commit(ctrl, seq, proposal, accepted(seq, proposal.k), len(seq.token_ids))
         history.append([ks[s.seq_id] for s in seqs])
     return history
 
@@ -262,7 +290,7 @@ def test_a_request_that_copies_less_than_the_table_expects_learns_it_from_its_ow
     ctrl = controller(MODERATE, {0: match, 1: match})
     seqs = [Seq(0), Seq(1)]
     for seq in seqs:
-        ctrl.add(seq)
+        ctrl.join([seq])
     history = run_rounds(ctrl, seqs, lambda seq, k: 0 if seq.seq_id == 0 else k, 12)
     poor, good = (ctrl.state(s).fit.factor() for s in seqs)
     assert poor < 0.7 and good > 1.3, (poor, good)
@@ -271,12 +299,12 @@ def test_a_request_that_copies_less_than_the_table_expects_learns_it_from_its_ow
     assert all(ks[0] <= 1 and ks[1] == 4 for ks in history[3:]), history
     shared = controller(MODERATE, {0: match, 1: match})  # the table alone, as before fits
     for seq in (s0 := Seq(0), s1 := Seq(1)):
-        shared.add(seq)
+        shared.join([seq])
     for seq in (s0, s1):
         shared.state(seq).fit.accepted = shared.state(seq).fit.expected = 1e9  # factor 1
     assert run_rounds(shared, [s0, s1], lambda seq, k: 0 if seq.seq_id == 0 else k, 12)[-1][0] > 1
     fresh = Seq(2)
-    ctrl.add(fresh)  # a new request starts from the table's own rate
+    ctrl.join([fresh])  # a new request starts from the table's own rate
     assert ctrl.state(fresh).fit.factor() == 1.0
 
 
@@ -288,7 +316,7 @@ def test_a_batched_sequence_whose_lookups_never_pay_looks_less_often_until_one_d
     ctrl = controller(MODERATE, {0: weak, 1: long_match(4)})
     seqs = [Seq(0), Seq(1)]
     for seq in seqs:
-        ctrl.add(seq)
+        ctrl.join([seq])
     ctrl.state(seqs[0]).fit.expected = 5.0  # it has copied less than the table expected
     reasons = []
     for _ in range(24):
@@ -304,7 +332,7 @@ def test_a_batched_sequence_whose_lookups_never_pay_looks_less_often_until_one_d
     assert ctrl.state(seqs[0]).reason != "backed_off" and ctrl.state(seqs[0]).wait == 0
     alone = controller(MODERATE, {0: weak})  # one sequence: every round is looked at
     seq = Seq(0)
-    alone.add(seq)
+    alone.join([seq])
     alone.state(seq).fit.expected = 5.0
     run_rounds(alone, [seq], lambda s, k: k, 16)
     assert "backed_off" not in seq.metrics.idle
@@ -320,7 +348,7 @@ def test_in_a_batch_offers_that_never_pay_back_off_unless_the_sequence_proved_it
     ctrl = controller(COMPUTE_BOUND, {i: weak_match(1) for i in range(batch)})
     seqs = [Seq(i) for i in range(batch)]
     for seq in seqs:
-        ctrl.add(seq)
+        ctrl.join([seq])
     ctrl.state(seqs[0]).fit.accepted = 4.0  # it has copied more than the table expected
     assert ctrl.state(seqs[0]).fit.factor() > 1.0 == ctrl.state(seqs[1]).fit.factor()
     reasons = [[] for _ in seqs]
@@ -340,7 +368,7 @@ def test_while_prompts_wait_to_prefill_the_drafts_take_at_most_the_rows_allowed(
     ctrl = controller(MEMORY_BOUND, {0: long_match(8), 1: weak_match(4)})
     seqs = [Seq(0), Seq(1)]
     for seq in seqs:
-        ctrl.add(seq)
+        ctrl.join([seq])
     assert sum(ctrl.plan(seqs).values()) > 3  # unbounded: the trusted match drafts long
     ks = ctrl.plan(seqs, max_rows=3)
     assert ks == {0: 3, 1: 0}
@@ -376,7 +404,7 @@ def test_probes_correct_a_calibration_that_priced_every_draft_out(batch):
         spec = SpeculativeConfig(method="suffix", num_speculative_tokens=-1)
         ctrl = SpeculationController(spec, cost(calibration), Lookup(match))
         for seq in seqs:
-            ctrl.add(seq)
+            ctrl.join([seq])
         return ctrl
 
     right = sum(map(sum, serve(engine(truth), seqs, truth, 256)))
@@ -399,7 +427,7 @@ def test_a_probe_costs_one_row_in_probe_every_steps_where_the_price_was_right():
     one row per PROBE_EVERY steps, and what they time leaves the price where it was."""
     ctrl = controller(COMPUTE_BOUND, {0: weak_match()})
     seq = Seq(0)
-    ctrl.add(seq)
+    ctrl.join([seq])
     history = serve(ctrl, [seq], COMPUTE_BOUND, 10 * PROBE_EVERY)
     assert sum(ks[0] for ks in history) == 10 == ctrl.probes
     assert ctrl.cost.pass_time(2) == pytest.approx(COMPUTE_BOUND[1], rel=0.02)
@@ -407,7 +435,7 @@ def test_a_probe_costs_one_row_in_probe_every_steps_where_the_price_was_right():
     none = controller(COMPUTE_BOUND, {})
     fixed = controller(COMPUTE_BOUND, {0: weak_match()}, k=2)
     for ctrl in (none, fixed):
-        ctrl.add(seq)
+        ctrl.join([seq])
         serve(ctrl, [seq], COMPUTE_BOUND, 2 * PROBE_EVERY)
         assert ctrl.probes == 0
 
@@ -484,7 +512,7 @@ def test_downward_probes_stop_drafts_a_calibration_made_look_cheap():
         ctrl = SpeculationController(spec, cost(calibration), Lookup(match))
         ctrl.probe_down_every = down_every
         for seq in seqs:
-            ctrl.add(seq)
+            ctrl.join([seq])
         return ctrl
 
     right = engine(truth)
@@ -507,7 +535,7 @@ def test_a_downward_probe_waits_for_a_size_not_seen_lately():
     often as its weight fades (one observation's worth per ~128 steps): the price stays."""
     ctrl = controller(MEMORY_BOUND, {0: long_match(8)})
     seq = Seq(0)
-    ctrl.add(seq)
+    ctrl.join([seq])
     first = serve(ctrl, [seq], MEMORY_BOUND, int(SEEN_LATELY) * PROBE_DOWN_EVERY)
     assert [ks[0] for ks in first] == ([8] * (PROBE_DOWN_EVERY - 1) + [7]) * int(SEEN_LATELY)
     later = serve(ctrl, [seq], MEMORY_BOUND, 512)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import ray
 from ray import serve
 
-from specserve.engine.client import EngineClosed, EngineDead, EngineError
+from specserve.clients.client import EngineClosed, EngineDead, EngineError
 
 log = logging.getLogger("specserve.server")
 STATS_PERIOD_S = 0.5

@@ -36,7 +36,7 @@ import uuid
 import ray
 from ray.exceptions import RayError
 
-from specserve.engine.client import EngineClosed, EngineDead, EngineError
+from specserve.clients.client import EngineClosed, EngineDead, EngineError
 from specserve.engine.outputs import EngineStats
 from specserve.server.replicas.deployment import Failure, ReplicaInfo
 from specserve.server.replicas.prefix import PrefixIndex

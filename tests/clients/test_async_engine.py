@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from specserve.engine.async_engine import AsyncEngine, EngineClosed, EngineDead, EngineError
+from specserve.clients.async_engine import AsyncEngine, EngineClosed, EngineDead, EngineError
 from specserve.llm import LLM
 from specserve.weights.loader import load_model
 from specserve.sampling.params import SamplingParams

@@ -14,6 +14,7 @@ it was disturbed and is timed again, for as long as the caller's patience lasts.
 from __future__ import annotations
 
 import itertools
+import logging
 import statistics
 import time
 from contextlib import contextmanager, nullcontext
@@ -23,6 +24,7 @@ from typing import Callable, Hashable
 
 import torch
 
+log = logging.getLogger("specserve.engine")
 PREFILL_ROWS = 64  # rows of the draft pass that prices a draft prefill position
 SETTLED_SHARE = 0.8  # a timed pass whose thread ran less of its wall time than this was disturbed
 CALIBRATION_PATIENCE_S = 20.0  # how long the start-up calibration re-times disturbed passes
@@ -59,6 +61,34 @@ def calibrate(cost, runner, draft_runner, cap: int, prefix_len: int = 32,
         cost.seed(draft_step, medians, per_position)
     return {"draft_step_s": draft_step, "verify_s": medians, "draft_prefill_s": per_position,
             "disturbed": disturbed}
+
+
+class Calibration:
+    """The cost model's start-up timed passes (`run`); if other work on the machine disturbed
+    them, `pending` stays True and `retry` runs them again (no patience; `interrupted()`
+    stops them) at the engine's idle moments until they run undisturbed."""
+
+    def __init__(self, cost, runner, draft_runner, cap: int) -> None:
+        self.cost, self.runner, self.draft_runner, self.cap = cost, runner, draft_runner, cap
+        self.pending = False
+        self.measured: dict | None = None  # what the last run measured
+
+    def run(self) -> dict:
+        self.measured = calibrate(self.cost, self.runner, self.draft_runner, self.cap)
+        if self.measured["disturbed"]:
+            log.warning("other work on this machine disturbed the cost model's timed passes: "
+                        "they run again when the engine is next idle")
+            self.pending = True
+        return self.measured
+
+    def retry(self, interrupted: Callable[[], bool]) -> bool:
+        """True (and the cost model seeded anew) if the passes ran undisturbed."""
+        measured = calibrate(self.cost, self.runner, self.draft_runner, self.cap,
+                             patience_s=0.0, seed_if_disturbed=False, interrupted=interrupted)
+        if not measured["disturbed"]:
+            log.info("the cost model's timed passes ran undisturbed this time: seeded anew")
+            self.pending = False
+        return not self.pending
 
 
 def time_passes(runner, ks: list[int], prefix_len: int = 256, repeats: int = 5

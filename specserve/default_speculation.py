@@ -1,23 +1,47 @@
-"""The speculation `specserve serve` uses when no flag names one: the named model is served.
+"""The default speculation, decided here once: for `LLM(...)` (`for_llm`) and for the commands
+`generate` and `serve` (`decide`, said in one log line by `of_args`).
 
-The default draft (`DEFAULT_DRAFT`) belongs to the default target. It drafts for another target
-only where its vocabulary is the target's token for token (`check_same_vocabulary` in
-`specserve/llm.py`): then speculation is `hybrid` (suffix drafting and the draft model, chosen
-per round by the controller); otherwise, or where the draft is not in the model cache, it is
-suffix drafting alone (`suffix`, model-free), which serves any vocabulary. Only the two
-tokenizers are read for the decision (GGUF headers or `tokenizer.json`), never the weights, so
-it costs the same with one engine or with replicas. `decide` returns the config and one line
-saying what was chosen and why.
+`LLM(...)` speculates by default only for the default target named by its alias (as in vLLM,
+speculation for another model is asked for). The commands decide for the model given: the
+default draft drafts for a target whose vocabulary is its own token for token (`hybrid`:
+suffix drafting and the draft model, chosen per round); otherwise, or where the draft is not
+downloaded, suffix drafting alone (`suffix`, model-free). Only the two tokenizers are read
+for the decision, never the weights.
 """
 
 from __future__ import annotations
 
+import argparse
+import logging
 from pathlib import Path
 
-from specserve.config import COST_AWARE, hybrid_speculation
 from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
 from specserve.models import tokenizer as tok
-from specserve.models.tokenizer import Tokenizer
+from specserve.models.tokenizer import Tokenizer, check_same_vocabulary
+
+
+COST_AWARE = -1  # num_speculative_tokens: the cost-aware policy chooses k each round
+log = logging.getLogger("specserve.server")
+
+
+def hybrid_speculation(draft: str = DEFAULT_DRAFT) -> dict:
+    """Hybrid speculation with `draft`, cost-aware k: the default pair's."""
+    return {"method": "hybrid", "model": draft, "num_speculative_tokens": COST_AWARE}
+
+
+def for_llm(model: object) -> dict | None:
+    """`LLM(...)`'s speculation when `speculative_config` is not given: the default pair's for
+    the default target named by its alias, none for any other model. An explicit
+    `speculative_config=None` is plain decoding."""
+    return hybrid_speculation() if isinstance(model, str) and model == DEFAULT_TARGET else None
+
+
+def of_args(args: argparse.Namespace) -> dict:
+    """A command's speculation when no flag names a method: `decide` for `--model`, said in
+    one log line."""
+    config, reason = decide(args.model, DEFAULT_DRAFT)
+    log.info("specserve: %s", reason)
+    return config
 
 
 def decide(target: str | Path, draft: str = DEFAULT_DRAFT) -> tuple[dict, str]:
@@ -54,8 +78,6 @@ def read_tokenizer(path: Path) -> Tokenizer:
 
 
 def _same_vocabulary(target: Tokenizer, draft: Tokenizer) -> bool:
-    from specserve.llm import check_same_vocabulary
-
     try:
         check_same_vocabulary(target, draft)
     except ValueError:

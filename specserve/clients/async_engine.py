@@ -1,45 +1,55 @@
 """The engine on a background thread, for servers: requests in and deltas out at any time.
 
-A thread runs `LLMEngine.step()` while there is work and sleeps on a condition otherwise.
-`add` and `abort` may be called from any thread (they go through the engine's inbox);
-`stream` is an async iterator of one request's `RequestDelta`s for asyncio code, fed with
-`loop.call_soon_threadsafe`. Leaving the iterator early (the client went away) aborts the
-request and frees its memory. An exception inside a step fails only the requests that were
-running in it (their streams raise `EngineError`); the engine keeps serving the others.
+The thread owns the engine: it drains an inbox of adds and aborts (which any thread may
+post), runs `LLMEngine.step()` while there is work, snapshots the statistics, and hands each
+delta to its request's listener; with nothing to do it sleeps on a condition. So every
+mutation of the engine happens on that one thread. `stream` is an async iterator of one
+request's `RequestDelta`s for asyncio code, fed with `loop.call_soon_threadsafe`; leaving it
+early aborts the request. An exception inside a step fails only the requests running in it.
 
-Liveness: if the thread itself dies (an exception no step could pin on requests, e.g. a
-`BaseException` from a kernel binding) or a step runs longer than `step_timeout` seconds
-(`StepWatchdog`), the engine is dead: every open request ends at once with `EngineDead`,
-every new one is refused with it, and `dead_reason` says why. The engine does not end the
-process: a stuck thread cannot be stopped or joined, and a server that stays up can still
-answer every client (503 `engine_dead`) and its health probe (503), which is what a
-supervisor restarts on; exiting would drop the answers owed to open streams.
+Liveness: if the thread dies, or a step or the idle work runs longer than `step_timeout`
+seconds (`StepWatchdog`), the engine is dead: every open request ends at once with
+`EngineDead`, every new one is refused with it, and `dead_reason` says why. The process stays
+up (a stuck thread cannot be stopped): a server keeps answering 503 and its health probe,
+which is what a supervisor restarts on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import random
 import threading
 import time
 import uuid
+from collections import deque
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from specserve.engine.client import EngineClosed, EngineDead, EngineError
+from specserve.clients.client import EngineClosed, EngineDead, EngineError
+from specserve.clients.watchdog import StepWatchdog
 from specserve.engine.engine import LLMEngine
 from specserve.engine.outputs import EngineStats, RequestDelta, RequestOutput, SpeculationOverride
-from specserve.engine.watchdog import StepWatchdog
 from specserve.sampling.params import SamplingParams
 
 IDLE_WORK_AFTER_S = 5.0  # idle seconds before an engine's idle work runs (doubling after each)
 IDLE_WORK_MAX_S = 600.0
 
-__all__ = ["AsyncEngine", "EngineClosed", "EngineDead", "EngineError", "engine_stats"]
+__all__ = ["AsyncEngine", "EngineClosed", "EngineDead", "EngineError"]
 log = logging.getLogger(__name__)
 
 DeltaCallback = Callable[[RequestDelta], None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Add:
+    """A validated request posted for the engine thread."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    text: str | None
+    speculation: SpeculationOverride | None
 
 
 class AsyncEngine:
@@ -47,24 +57,24 @@ class AsyncEngine:
 
     E.g. `engine = LLM(...).async_engine()`, then in a coroutine
     `async for delta in engine.stream("Hello", SamplingParams(max_tokens=32)): ...`.
-    While it runs an LLM's engine, that LLM's `generate`/`chat` go through it too (so they run
-    concurrently with streams and with each other), until `shutdown`. `step_timeout`: the
-    seconds one step may take before the engine counts as dead (None: no watchdog). It
+    While it runs an LLM's engine, that LLM's `generate`/`chat` go through it too. It
     implements `EngineClient`."""
 
     def __init__(self, engine: LLMEngine, step_timeout: float | None = None) -> None:
         self.engine = engine
-        self._callbacks: dict[str, DeltaCallback] = {}
-        self._lock = threading.Lock()  # guards _callbacks
-        self._wake = threading.Condition()  # work arrived / a step ended
+        self._listeners: dict[str, DeltaCallback | None] = {}  # requests in flight
+        self._lock = threading.Lock()  # guards _listeners
+        self._inbox: deque[_Add | str] = deque()  # adds, and ids to abort
+        self._wake = threading.Condition()  # work arrived / the thread went idle
+        self._busy = False  # the engine has work (written by the thread)
         self._closing = False  # no new requests
-        self._stopping = False  # the thread exits once idle
-        self._stats = engine_stats(engine)
+        self._stopping = False  # the thread aborts what is left and exits once idle
+        self._stats = engine.stats()
         self._dead: str | None = None  # why the engine serves no more
         self._watchdog = (StepWatchdog(step_timeout, self._overran) if step_timeout is not None
                           else None)
-        self._idle_after = IDLE_WORK_AFTER_S  # idle seconds before the engine's idle work
-        self._started = threading.Event()  # the engine's start-up work ran on the thread
+        self._idle_after = IDLE_WORK_AFTER_S
+        self._started = threading.Event()
         self._startup_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
         self._thread.start()
@@ -74,17 +84,16 @@ class AsyncEngine:
 
     @staticmethod
     def from_llm(llm, step_timeout: float | None = None) -> AsyncEngine:
-        """`llm.async_engine(step_timeout)`: the LLM creates and tracks the AsyncEngine that
-        runs its engine. (Kept for existing callers; `LLM.async_engine` is the way.)"""
+        """`llm.async_engine(step_timeout)` (kept for existing callers)."""
         return llm.async_engine(step_timeout)
 
     # ------------------------------------------------------------------ requests
     def add(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
             speculation: SpeculationOverride | None = None,
             on_delta: DeltaCallback | None = None, text: str | None = None) -> str:
-        """Queue a request from any thread; `on_delta` is called on the engine thread with each
+        """Post a request from any thread; `on_delta` is called on the engine thread with each
         of its deltas (`text`: the prompt's text to report when `prompt` is token ids).
-        Invalid input raises ValueError naming the field."""
+        Invalid input raises ValueError naming the field, here."""
         if self.dead_reason is not None:
             raise EngineDead(f"the engine is dead: {self.dead_reason}")
         if self._closing:
@@ -93,26 +102,23 @@ class AsyncEngine:
         self.engine.check_request(prompt_ids, params, speculation)
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         with self._lock:
-            if request_id in self._callbacks or self.engine.has_request(request_id):
+            if request_id in self._listeners:
                 raise ValueError(f"request_id {request_id!r} is already in use")
-            if on_delta is not None:
-                self._callbacks[request_id] = on_delta
-        try:
-            self.engine.add_request(prompt_ids, params, request_id,
-                                    prompt if isinstance(prompt, str) else text, speculation)
-        except BaseException:
-            with self._lock:
-                self._callbacks.pop(request_id, None)
-            raise
+            self._listeners[request_id] = on_delta
+        self._post(_Add(request_id, list(prompt_ids), params,
+                        prompt if isinstance(prompt, str) else text, speculation))
         if self._dead is not None:  # it died while this request was being added
             self._die(self._dead)
-        self._notify()
         return request_id
 
     def abort(self, request_id: str) -> None:
         """Finish a request with "abort" and free its memory (any thread, any moment)."""
-        self.engine.abort_request(request_id)
-        self._notify()
+        self._post(request_id)
+
+    def _post(self, item: _Add | str) -> None:
+        with self._wake:
+            self._inbox.append(item)
+            self._wake.notify_all()
 
     def generate(self, requests: list[tuple[list[int], SamplingParams, str | None]]
                  ) -> list[RequestOutput]:
@@ -159,7 +165,7 @@ class AsyncEngine:
             try:
                 loop.call_soon_threadsafe(queue.put_nowait, delta)
             except RuntimeError:  # the loop is closed: nobody listens any more
-                self.engine.abort_request(delta.request_id)
+                self.abort(delta.request_id)
 
         rid = self.add(prompt, params, request_id, speculation, on_delta=deliver)
         finished = False
@@ -174,8 +180,6 @@ class AsyncEngine:
                                       f"{delta.error!r}") from delta.error
                 yield delta
         finally:
-            with self._lock:
-                self._callbacks.pop(rid, None)
             if not finished:
                 self.abort(rid)
 
@@ -206,15 +210,11 @@ class AsyncEngine:
         self._closing = True
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._wake:
-            while (self.engine.has_unfinished() and self._thread.is_alive()
-                   and self._dead is None):
+            while (self._busy or self._inbox) and self._thread.is_alive() and self._dead is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
                 self._wake.wait(left)
-        for rid in self.engine.request_ids():
-            self.engine.abort_request(rid)
-        with self._wake:
             self._stopping = True
             self._wake.notify_all()
         if self._watchdog is not None:
@@ -223,10 +223,6 @@ class AsyncEngine:
             self._thread.join()  # a stuck step's thread is left behind: it is a daemon
 
     # ------------------------------------------------------------------ the thread
-    def _notify(self) -> None:
-        with self._wake:
-            self._wake.notify_all()
-
     def _run(self) -> None:
         try:  # the engine's deferred start-up work, on the thread that runs every step
             self.engine.run_startup()
@@ -249,6 +245,101 @@ class AsyncEngine:
             else:
                 self._fail_listeners(EngineClosed("the engine thread stopped"))
 
+    def _next_step(self) -> bool:
+        """Take the inbox, run one step, hand out its deltas; False once stopped and idle."""
+        if not self._await_work():
+            return False
+        self._watched(self._drain_inbox)
+        if self._stopping:
+            self.engine.abort_all()
+        deltas: list[RequestDelta] = []
+        if self.engine.has_unfinished():
+            deltas = self._watched(self._step)
+        if self._dead is not None:  # the watchdog gave up on this step while it ran
+            self._let_go()
+            return False
+        self._stats = self.engine.stats()
+        for delta in deltas:
+            self._deliver(delta)
+        with self._wake:
+            self._busy = self.engine.has_unfinished()
+            self._wake.notify_all()
+        return True
+
+    def _let_go(self) -> None:
+        """A dead engine's requests (their listeners already failed) free what they hold."""
+        try:
+            self.engine.abort_all()
+            self.engine.step()
+        except Exception:  # noqa: BLE001 - the engine is dead already
+            log.exception("engine step failed while letting go of a dead engine's requests")
+
+    def _step(self) -> list[RequestDelta]:
+        try:
+            return self.engine.step()
+        except Exception as error:  # noqa: BLE001 - the engine's own failures are in deltas
+            log.exception("engine step failed outside the requests")
+            return self._fail_everything(error)
+
+    def _watched(self, work):
+        """Run `work` on this thread under the watchdog."""
+        if self._watchdog is not None:
+            self._watchdog.started()
+        try:
+            return work()
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.finished()
+
+    def _drain_inbox(self) -> None:
+        """Apply the posted adds and aborts, in order (on the engine thread)."""
+        with self._wake:
+            items, self._inbox = list(self._inbox), deque()
+            self._busy = self._busy or bool(items)
+        for item in items:
+            if isinstance(item, str):
+                self.engine.abort_request(item)
+                continue
+            try:
+                self.engine.add_request(item.prompt_ids, item.params, item.request_id,
+                                        item.text, item.speculation)
+            except Exception as error:  # noqa: BLE001 - handed to that request alone
+                self._deliver(RequestDelta(item.request_id, [], True, None, error))
+
+    def _await_work(self) -> bool:
+        """Wait until there is work (True) or the engine stops idle (False). An engine with
+        work for an idle moment (`LLMEngine.run_idle_work`) runs it once it has been idle
+        `self._idle_after` seconds (times a random 1-2, so that engines started together do
+        not retry together), and waits twice as long before trying again."""
+        while True:
+            with self._wake:
+                since = time.monotonic()
+                patience = self._idle_after * random.uniform(1.0, 2.0)
+                while not (self._inbox or self._busy or self._stopping):
+                    if not self.engine.has_idle_work:
+                        self._wake.wait()
+                        continue
+                    left = patience - (time.monotonic() - since)
+                    if left <= 0:
+                        break
+                    self._wake.wait(left)
+                else:
+                    return bool(self._inbox or self._busy or not self._stopping
+                                or self.engine.has_unfinished())
+            self._watched(lambda: self.engine.run_idle_work(lambda: bool(self._inbox)))
+            self._idle_after = min(2 * self._idle_after, IDLE_WORK_MAX_S)
+
+    def _deliver(self, delta: RequestDelta) -> None:
+        with self._lock:
+            callback = self._listeners.get(delta.request_id)
+            if delta.finished:
+                self._listeners.pop(delta.request_id, None)
+        if callback is not None:
+            try:
+                callback(delta)
+            except Exception:  # noqa: BLE001 - one listener must not stop the engine
+                log.exception("delta callback for request %s failed", delta.request_id)
+
     def _overran(self, seconds: float) -> None:
         """The watchdog's call: a step has run `seconds`, beyond the timeout."""
         log.critical("an engine step has run for %.1f s (step timeout %.1f s): the engine is "
@@ -259,82 +350,28 @@ class AsyncEngine:
         if self._dead is None:
             self._dead = reason
         self._fail_listeners(EngineDead(f"the engine is dead: {self._dead}"))
-        self._notify()
+        with self._wake:
+            self._wake.notify_all()
 
     def _fail_listeners(self, error: Exception) -> None:
         with self._lock:
-            orphans, self._callbacks = self._callbacks, {}
+            orphans, self._listeners = self._listeners, {}
         for rid, callback in orphans.items():
+            if callback is None:
+                continue
             try:
                 callback(RequestDelta(rid, [], True, None, error))
             except Exception:  # noqa: BLE001 - the others must still hear of it
                 log.exception("delta callback for request %s failed", rid)
 
-    def _next_step(self) -> bool:
-        """Wait for work, run one step, hand out its deltas; False once stopped and idle."""
-        if not self._await_work():
-            return False
-        if self._watchdog is not None:
-            self._watchdog.started()
-        try:
-            deltas = self.engine.step()
-            self._stats = engine_stats(self.engine)
-        except Exception as error:  # noqa: BLE001 - the engine's own failures are in deltas
-            log.exception("engine step failed outside the requests")
-            deltas = self._fail_everything(error)
-        if self._watchdog is not None:
-            self._watchdog.finished()
-        if self._dead is not None:  # the watchdog gave up on this step while it ran
-            for rid in self.engine.request_ids():
-                self.engine.abort_request(rid)
-            return False
-        for delta in deltas:
-            self._deliver(delta)
-        with self._wake:
-            self._wake.notify_all()
-        return True
-
-    def _await_work(self) -> bool:
-        """Wait until there is work (True) or the engine stops idle (False). An engine with
-        work for an idle moment (`LLMEngine.run_idle_work`) runs it once it has been idle
-        `self._idle_after` seconds (times a random 1-2: two engines that started together on
-        one machine must not retry their timed passes together), outside the condition
-        (requests still arrive meanwhile; the work stops for them), and waits twice as long
-        before trying again, up to `IDLE_WORK_MAX_S`."""
-        while True:
-            with self._wake:
-                since = time.monotonic()
-                patience = self._idle_after * random.uniform(1.0, 2.0)
-                while not self.engine.has_unfinished() and not self._stopping:
-                    if self.engine.idle_work is None:
-                        self._wake.wait()
-                        continue
-                    left = patience - (time.monotonic() - since)
-                    if left <= 0:
-                        break
-                    self._wake.wait(left)
-                else:
-                    return self.engine.has_unfinished()
-            self.engine.run_idle_work()
-            self._idle_after = min(2 * self._idle_after, IDLE_WORK_MAX_S)
-
-    def _deliver(self, delta: RequestDelta) -> None:
-        with self._lock:
-            callback = self._callbacks.get(delta.request_id)
-            if delta.finished:
-                self._callbacks.pop(delta.request_id, None)
-        if callback is not None:
-            try:
-                callback(delta)
-            except Exception:  # noqa: BLE001 - one listener must not stop the engine
-                log.exception("delta callback for request %s failed", delta.request_id)
-
     def _fail_everything(self, error: Exception) -> list[RequestDelta]:
         """A failure the step could not pin on its requests: end every request with it."""
-        with self._lock:
-            rids = list(self._callbacks)
-        for rid in self.engine.request_ids():
-            self.engine.abort_request(rid)
+        rids = list(self.engine.requests)
+        self.engine.abort_all()
+        try:
+            self.engine.step()  # let the aborted requests go (their deltas are replaced)
+        except Exception:  # noqa: BLE001 - the engine is failing already
+            log.exception("engine step failed while aborting after a failure")
         return [RequestDelta(rid, [], True, None, error) for rid in rids]
 
     def _encode(self, prompt: str | list[int]) -> list[int]:
@@ -347,18 +384,3 @@ class AsyncEngine:
             raise ValueError(f"prompt must be a str or a list of int token ids, "
                              f"got {type(prompt).__name__}")
         return prompt
-
-
-def engine_stats(engine: LLMEngine) -> EngineStats:
-    """A snapshot of `engine` (read between steps, on the engine thread)."""
-    scheduler = engine.scheduler
-    used, total = engine.kv_blocks_used, engine.kv_blocks_total
-    window = engine.metrics.window
-    return EngineStats(
-        running=len(scheduler.running), waiting=len(scheduler.waiting),
-        kv_usage=used / total if total else 0.0, kv_blocks_used=used, kv_blocks_total=total,
-        preemptions=engine.preemptions, aborted=engine.num_aborted,
-        prefix_cache_hit_tokens=engine.prefix_cache_hit_tokens,
-        prompt_tokens_computed=engine.prompt_tokens_computed,
-        spec=copy.deepcopy(engine.metrics.total), rolling_acceptance=window.acceptance_rate,
-        healthy=window.healthy, kv_touched_bytes=engine.kv_touched_bytes)

@@ -10,8 +10,8 @@ import inspect
 import httpx
 import pytest
 
-from specserve.engine.async_engine import AsyncEngine
-from specserve.engine.client import EngineClient
+from specserve.clients.async_engine import AsyncEngine
+from specserve.clients.client import EngineClient
 from specserve.llm import LLM
 from specserve.sampling.params import SamplingParams
 from specserve.server.app import build_app

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from specserve.engine import calibration
-from specserve.engine.calibration import median_round_robin, settled_medians
+from specserve.speculative import calibration
+from specserve.speculative.calibration import median_round_robin, settled_medians
 
 
 class Clock:
