@@ -46,8 +46,9 @@ class GrammarError(ValueError):
 
 class GrammarCompiler:
     """Compiles structured-output specs for one vocabulary. `vocab_size` is the model's logits
-    width (at least the tokenizer's vocabulary); building the compiler reads every token's
-    bytes (about a second for 152k tokens). Thread-safe."""
+    width (at least the tokenizer's vocabulary). Building it reads every token's bytes and
+    builds llguidance's token trie, which takes long for a large vocabulary: build it off a
+    request's clock. Thread-safe."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, cache_size: int = 64):
         table = token_bytes(tokenizer, vocab_size)
@@ -56,6 +57,7 @@ class GrammarCompiler:
             raise ValueError("the tokenizer has no EOS token: a constrained output could not end")
         self.vocab_size = vocab_size
         self.cache_size = cache_size
+        tokenizer.prepare()  # forced text is tokenized with special tokens read as text
         self._vocabulary = LLTokenizer(TokenizerWrapper(_Vocabulary(tokenizer, table, eos[0])),
                                        n_vocab=vocab_size, eos_token=eos)
         self._eos_only = _packed_of(eos, vocab_size)  # [words]

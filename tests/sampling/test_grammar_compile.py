@@ -113,7 +113,8 @@ def test_the_cache_returns_the_same_grammar_and_evicts_the_least_recent():
 
 
 def test_compiling_from_threads_gives_one_grammar(compiler):
-    spec = StructuredOutputsParams(json={"type": "object", "properties": {"t": {"type": "integer"}}})
+    schema = {"type": "object", "properties": {"t": {"type": "integer"}}}
+    spec = StructuredOutputsParams(json=schema)
     found = []
     threads = [threading.Thread(target=lambda: found.append(compiler.compile(spec)))
                for _ in range(4)]
