@@ -63,7 +63,7 @@ def structural_lark(s: Structural) -> str:
     schema = json.dumps(json_schema(s.schema, "structured_outputs.structural.schema"))
     body = "value"
     if s.separator is not None:
-        body += f" ({_literal(s.separator)} value)*" if s.separator else "*"
+        body = f"value ({_literal(s.separator)} value)*" if s.separator else "value+"
     if s.end:
         body += f" {_literal(s.end)}"
     if s.triggered:

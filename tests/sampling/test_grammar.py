@@ -212,6 +212,10 @@ def test_structural_wraps_values_in_begin_separator_end(tok, compiler):
     assert not accepts_text(grammar, tok, '<tool_call>\n{"a": 1}')
     begin = grammar.matcher().forced(4)
     assert tok.decode(begin[:1], skip_special_tokens=False) == "<tool_call>"
+    glued = Structural("[", {"type": "integer"}, "]", separator="")
+    grammar = compiler.compile(StructuredOutputsParams(structural=glued))
+    assert accepts_text(grammar, tok, "[1]") and accepts_text(grammar, tok, "[12]")
+    assert not accepts_text(grammar, tok, "[]")
 
 
 def test_triggered_structural_allows_free_text_then_enforces_the_value(tok, compiler):
@@ -245,3 +249,16 @@ def test_qwen_tool_call_forced_tokens_are_the_tokenizers_own():
     for t in qwen.encode("<tool_call>\n" + TOOL_TEXT + "\n</tool_call>"):
         assert m.accept(t)
     assert m.allowed().nonzero().flatten().tolist() == sorted(qwen.eos_token_ids)
+
+
+def test_a_sentencepiece_style_vocabulary_is_enforced_and_drafted():
+    from tests.sampling.tiny_vocab import sentencepiece_style
+
+    spm = sentencepiece_style()
+    compiler = GrammarCompiler(spm, spm.vocab_size + 3)
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    m = compiler.compile(StructuredOutputsParams(json=schema)).matcher()
+    assert spm.decode(m.forced(10)) == '{"a": "'
+    ids = spm.encode('{"a": "ab é"}')[1:]  # without BOS
+    assert all(m.accept(t) for t in ids) and m.can_terminate
+    assert m.allowed().nonzero().flatten().tolist() == [2]  # </s>
