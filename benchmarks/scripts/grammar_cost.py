@@ -129,8 +129,8 @@ def forced_kinds(m: GrammarMatcher, ids: list[int]) -> dict[str, int]:
     drafted = rounds = at = 0
     while at < len(ids):
         draft = m.forced(16)
-        good = next((i for i, (d, t) in enumerate(zip(draft, ids[at:])) if d != t),
-                    min(len(draft), len(ids) - at))
+        pairs = zip(draft, ids[at:], strict=False)
+        good = next((i for i, (d, t) in enumerate(pairs) if d != t), min(len(draft), len(ids) - at))
         drafted, rounds = drafted + good, rounds + bool(draft)
         step = ids[at:at + good + 1]  # the accepted drafts and the token the model samples
         assert all(m.accept(t) for t in step)
