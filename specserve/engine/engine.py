@@ -32,7 +32,9 @@ from specserve.engine.runner import ModelRunner
 from specserve.engine.scheduler import Chunk, Scheduler, StepPlan
 from specserve.engine.sequence import Sequence, Status
 from specserve.models.tokenizer import Tokenizer
+from specserve.sampling.grammar import GrammarError, LazyGrammarCompiler
 from specserve.sampling.params import SamplingParams
+from specserve.sampling.rejection import VerifyResult
 from specserve.sampling.stop import FINISH_STOP
 from specserve.speculative.controller import SpeculationController
 from specserve.speculative.drafter import EMPTY, Proposal
@@ -43,13 +45,15 @@ PREFILL_DRAFT_SHARE = 64  # while prompts wait to prefill, drafts take ≤ 1/64 
 
 class LLMEngine:
     """`runner` runs the target's passes; `blocks` (the target cache's block manager) goes to
-    the scheduler, its only owner; `spec` (None: no speculation) owns the drafters.
+    the scheduler, its only owner; `spec` (None: no speculation) owns the drafters;
+    `grammars` compiles structured-output specs (None: built on the first one).
     `prepare_tokenizer`: build the tokenizer's text-only copy at start-up (a server's)."""
 
     def __init__(self, runner: ModelRunner, blocks: BlockManager, tokenizer: Tokenizer,
                  config: EngineConfig, spec: SpeculationController | None = None,
-                 prepare_tokenizer: bool = False) -> None:
+                 prepare_tokenizer: bool = False, grammars=None) -> None:
         self.runner, self.tokenizer, self.config, self.spec = runner, tokenizer, config, spec
+        self.grammars = grammars or LazyGrammarCompiler(tokenizer, runner.model.cfg.vocab_size)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, blocks)
         self.metrics = EngineMetrics()
         self.output = OutputProcessor(tokenizer, config.max_model_len, spec is not None)
@@ -69,11 +73,10 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     request_id: str | None = None, prompt: str | None = None,
-                    speculation: SpeculationOverride | None = None,
-                    grammar: object = None) -> str:
+                    speculation: SpeculationOverride | None = None) -> str:
         """Queue a request; returns its id. Invalid input raises ValueError, before anything
-        is queued. `grammar`: the compiled grammar its output must follow (None: free)."""
-        self.check_request(prompt_ids, params, speculation)
+        is queued (a structured output's grammar is compiled here, or found compiled)."""
+        grammar = self.check_request(prompt_ids, params, speculation)
         if request_id is None:
             request_id = str(next(self._ids))
             while request_id in self.requests:  # an automatic id skips ids callers chose
@@ -91,9 +94,10 @@ class LLMEngine:
         return request_id
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams,
-                      speculation: SpeculationOverride | None = None) -> None:
-        """Raise ValueError (naming the field) if the request cannot be served; touches nothing
-        (so a client may call it on its own thread)."""
+                      speculation: SpeculationOverride | None = None):
+        """Raise ValueError (naming the field) if the request cannot be served; returns the
+        compiled grammar of its structured output (None: none). Touches no engine state, so
+        a client may call it on its own thread (grammars compile thread-safely, cached)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         if speculation is not None and not isinstance(speculation, SpeculationOverride):
@@ -108,6 +112,8 @@ class LLMEngine:
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
                for t in prompt_ids):
             raise ValueError(f"prompt token ids must be ints in [0, {vocab})")
+        spec = params.structured_outputs
+        return self.grammars.compile(spec) if spec is not None else None
 
     def _new_sequence(self, req: Request, index: int) -> Sequence:
         params = req.params
@@ -243,8 +249,7 @@ class LLMEngine:
             tables.append(c.seq.table)
             last_n.append(1 if c.samples else 0)
         logits = self.runner.forward(rows, starts, tables, last_n)
-        bonus = spec.bonus_token if spec is not None else True
-        results = [sample_round(s, p, lg, bonus) for s, p, lg in zip(seqs, proposals, logits)]
+        results = [self._round(s, p, lg) for s, p, lg in zip(seqs, proposals, logits)]
         t2 = time.perf_counter()
         old_lens = [len(s.token_ids) for s in seqs]
         for seq, prop, res, lg in zip(seqs, proposals, results, logits):
@@ -255,13 +260,24 @@ class LLMEngine:
         for chunk, lg in zip(plan.chunks, logits[len(seqs):]):
             self._prefilled(chunk, lg)
 
+    def _round(self, seq: Sequence, prop: Proposal, logits: torch.Tensor) -> VerifyResult:
+        """The round's tokens; a grammar that cannot go on fails its sequence alone."""
+        try:
+            return sample_round(seq, prop, logits, self.spec.bonus_token if self.spec else True)
+        except GrammarError as error:
+            self._fail(seq, error)
+            return VerifyResult([], 0, "none", [])
+
+    def _fail(self, seq: Sequence, error: Exception) -> None:
+        req = self.requests.get(seq.request_id)
+        if req is not None and req.error is None:
+            req.error = error
+        self._finish(seq, FINISH_ABORT)
+
     def _fail_running(self, error: Exception) -> None:
         for seq in self.scheduler.running:
             if not seq.finished:
-                req = self.requests.get(seq.request_id)
-                if req is not None and req.error is None:
-                    req.error = error
-                self._finish(seq, FINISH_ABORT)
+                self._fail(seq, error)
 
     def _prefilled(self, chunk: Chunk, logits: torch.Tensor) -> None:
         """A prefill chunk ran: its blocks are computed; the prompt's last chunk samples the
@@ -269,8 +285,7 @@ class LLMEngine:
         seq = chunk.seq
         seq.num_cached = chunk.start + chunk.num_tokens
         if chunk.samples:
-            bonus = self.spec.bonus_token if self.spec is not None else True
-            self._append(seq, sample_round(seq, EMPTY, logits, bonus).tokens, logits)  # plain
+            self._append(seq, self._round(seq, EMPTY, logits).tokens, logits)  # plain
             if seq.first_token_time is None:
                 seq.first_token_time = time.perf_counter()
         self.scheduler.commit(seq)

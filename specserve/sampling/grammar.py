@@ -103,6 +103,25 @@ class GrammarCompiler:
         return Grammar(template, self.vocab_size, self._eos_only)
 
 
+class LazyGrammarCompiler:
+    """A `GrammarCompiler` built on first use (or ahead of it by `warm()`, e.g. on a thread
+    of a server's), since building one for a large vocabulary takes seconds. Thread-safe."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+        self._args = (tokenizer, vocab_size)
+        self._compiler: GrammarCompiler | None = None
+        self._lock = threading.Lock()
+
+    def warm(self) -> GrammarCompiler:
+        with self._lock:
+            if self._compiler is None:
+                self._compiler = GrammarCompiler(*self._args)
+            return self._compiler
+
+    def compile(self, spec: StructuredOutputsParams) -> Grammar:
+        return (self._compiler or self.warm()).compile(spec)
+
+
 class Grammar:
     """A compiled grammar: immutable, shared by the sequences that use it, thread-safe."""
 
@@ -181,6 +200,17 @@ class GrammarMatcher:
         self.rollback(legal)
         self._packed = start
         return torch.from_numpy(_unpack(rows[:legal + 1], self._vocab_size)), legal
+
+    def legal_prefix(self, tokens: list[int]) -> int:
+        """How many leading `tokens` the grammar accepts in sequence; the state unchanged."""
+        start, legal = self._packed, 0
+        for token in tokens:
+            if not self.accept(token):
+                break
+            legal += 1
+        self.rollback(legal)
+        self._packed = start
+        return legal
 
     def forced(self, limit: int) -> list[int]:
         """Up to `limit` tokens the grammar alone determines next, the state unchanged: the
