@@ -167,10 +167,9 @@ def greedy_scores(logits: Tensor, params: SamplingParams, history: Sequence[int]
 
 def argmax_rows(scores: Tensor) -> list[int]:
     """Each row's argmax of `[n, vocab]` scores (the lowest index among ties; a NaN counts
-    as the largest, as in `torch.argmax`). On the host, float32 rows go through NumPy,
-    whose vectorized search takes ~10 µs per 152k-entry row where `Tensor.argmax` takes
-    ~130 µs: every greedy round reads one argmax per verified row (a step at 8 sequences
-    spent ~1 ms in it)."""
+    as the largest, as in `torch.argmax`). On the host, float32 rows go through NumPy's
+    vectorized search, much faster than `Tensor.argmax` on a large vocabulary
+    (docs/design.md, "Host time of a step")."""
     if scores.device.type == "cpu" and scores.dtype == torch.float32:
         return scores.detach().numpy().argmax(axis=-1).tolist()
     return scores.argmax(dim=-1).tolist()

@@ -1,14 +1,7 @@
 """Timed passes on this machine: the start-up calibration of the engine's cost model, and the
-harness it (and the bench's verify-cost table) times passes with.
-
-A pass timed while another process had the cores measures the other process: two engines
-calibrating side by side on two cores each read a one-row pass at 64-76 ms instead of 40 and
-a three-row pass at 2-2.4x the one-row pass instead of 1.0x, and an engine seeded with that
-shape found no draft worth a row for its whole life (its calibration fixes the shape; only
-the scale moves with what it serves). So each timed pass also measures how much of its wall
-time the timing thread ran (its CPU time over its wall time: 0.99 on an idle machine, 0.50
-with a second engine calibrating beside it); a pass that ran less than `SETTLED_SHARE` of
-it was disturbed and is timed again, for as long as the caller's patience lasts.
+harness it (and the bench's verify-cost table) times passes with. A pass during which the
+timing thread ran less than `SETTLED_SHARE` of its wall time was disturbed (another process
+had the cores) and is timed again while patience lasts. Why: docs/design.md, "Calibration".
 """
 
 from __future__ import annotations

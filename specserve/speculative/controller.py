@@ -215,7 +215,7 @@ class SpeculationController:
 
     def _back_off(self, seq, st: SeqSpeculation, k: int, batch: int) -> None:
         """Looking costs host time every round (a search of the context and the shared
-        cache: ~1% of a step per sequence at four sequences), so a sequence that has not
+        cache), so a sequence that has not
         copied better than the engine's average (its fit at most 1: below it, or no record
         yet, as for a story at eight sequences whose one-row offers never pay there) and has
         drafted nothing for `BACKOFF_AFTER` looks in a row, in a batch (where that time adds

@@ -1,26 +1,11 @@
-"""The cost-aware draft-length policy: the k with the most expected tokens per second.
+"""The cost-aware draft-length policy: the k with the most expected tokens per second,
 
-    E(k) / T(k),   E(k) = 1 + Σ_{i=1..k} Π_{j≤i} α_j,   T(k) = draft(k) + verify(k),
+    E(k) / T(k),   E(k) = 1 + Σ_{i=1..k} Π_{j≤i} α_j,   T(k) = step_time(k),
 
-over k = 0..max_k, with α_j = P(draft j accepted | drafts < j accepted) estimated from the
-request's recent rounds and the times from the engine's shared cost model
-(`speculative/cost_model.py`, read through the `StepCost` protocol). In a batched step T(k) is the
-whole step's time at its batch size (`step_time`: a verify row is cheap while the pass is
-memory-bound, a decode row's worth once it is compute-bound). E(0) = 1 and T(0) is
-plain decoding, so on hostile text the policy stops drafting; while it is off it probes with
-k = 1 every N rounds (N doubling after each failed probe, up to a cap) to notice when the text
-turns predictable again.
-
-Starting the drafter costs something too: a draft model must prefill (a window of) the
-context before its first draft, and the engine defers that until the policy agrees to pay
-it (`worth_starting`). The rule: with the prior acceptance and the step's batch size, the
-best k saves `step_time(0) − step_time(k) / E(k)` seconds per generated token over plain
-decoding, priced with each α_i one posterior standard deviation low (the start-up is certain,
-the saving a guess); over the `tokens_left` tokens still to generate that must exceed the start-up's
-seconds (the draft's per-token prefill cost times the positions fed, from the cost model),
-with the same `margin` as every other choice. Short requests (max_tokens 16) and batches
-where verify rows cost as much as decode rows (compute-bound: best k is 0) never start it;
-a long request on a pair that drafts well does.
+over k = 0..max_k, with α_j the request's recent per-position acceptance and T from the
+engine's cost model. k = 0 is plain decoding; while at 0 it probes k = 1 now and then.
+`worth_starting` decides whether a draft model's deferred prefill repays itself over the
+tokens still to generate. Why: docs/design.md, "The cost-aware policy".
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """The engine's cost model: how long a step takes, by draft steps and by target rows.
 
-One per engine, shared by its requests' cost-aware policies (timings are a property of the
-models and the device, not of the text). A target pass over R rows costs `pass_time(R)` =
-`verify_time(R - 1)` (a pass over k + 1 rows of one sequence is the batch-of-one case).
-
-Pricing a whole batched step: a policy choosing k for one of B decoding sequences prices the
-step as if each of them verified k + 1 rows, `step_time(k) = draft_time(k) + pass_time(B·(k +
-1))` (the draft model's pass is batched too, so its time is counted once), and compares
-tokens per second B·E(k) / step_time(k) across k. Where a pass is memory-bound (the weights
-are read once for all rows: the time barely grows with rows) extra verify rows cost little
-and drafting pays as it does alone; where it is compute-bound (the time grows with every
-row) B·(k + 1) rows cost about B·(k + 1) decode rows and drafting must beat that. The engine
-sets B (`set_step`) before the policies choose. Left out for simplicity: the prefill chunks
-that share the pass, and the attention cost of long contexts (the calibration measures a
-short one).
-
-Starting a draft model costs a prefill of the positions it is fed (`draft_prefill_time`): per
-position, the calibration's draft pass over many rows divided by its rows, scaled with the
-drafting scale; before a calibration, `DEFAULT_DRAFT_PREFILL_RATIO` of a draft step.
+One per engine, seeded by timed passes at start-up (`calibration.py`) and following every
+round. `pass_time(R)`: a target pass over R rows (`verify_time(R - 1)`); `step_time(k)`: a
+batched step of B sequences each verifying k + 1 rows, `draft_time(k) + pass_time(B·(k +
+1))` (B set by `set_step`); `draft_prefill_time(n)`: starting a draft model on n positions.
+Why: docs/design.md, "The cost model".
 """
 
 from __future__ import annotations

@@ -1,46 +1,14 @@
 """Drafting with a smaller model that shares the target's tokenizer.
 
-The draft model keeps its own paged KV cache: the drafter owns the draft's block manager
-(its blocks per sequence) and runs passes through a `PassRunner` (the engine's model runner
-is one) over the blocks it gives it. Before proposing it catches up on the
-tokens it has not seen (the last accepted tokens and the recovered/bonus token), then samples
-k tokens one step at a time from the *processed* distribution (the same `processed_probs` the
-verifier uses). After verification it forgets what was rejected:
-`seen = min(seen, old_len + accepted)`.
-
-Deferred, windowed start: a sequence joins with nothing fed (`start`). Its draft is started
-(`activate`) only when the engine's policy first wants drafts for it and judges the start
-worth its cost (see `cost_aware`), so the draft never prefills while the target's prefill of
-the prompt is under way (TTFT is the target-only TTFT) and never for requests too short to
-repay it. Starting takes the blocks the draft's prefix cache holds of the sequence's tokens,
-then feeds at most the newest `prefill_window` tokens (the older ones are skipped: the
-bounded catch-up's hole, below), so a start costs at most `prefill_window` draft prefill
-positions whatever the prompt's length (`startup_tokens`). The default window is large on
-purpose: on code_edit (a 1,062-token prompt whose answer rewrites the code it quotes; int4
-Qwen2.5-Coder 1.5B/0.5B, k = 4, greedy) acceptance was 0.38, 0.40, 0.42, 0.42, 0.48 with
-windows of 64, 128, 256, 512, 768 tokens, 0.90 with 1,024 and 0.93 with the whole prompt: an
-answer that copies needs its source in the window, and a small window buys a cheap start of
-a draft not worth running. What a start costs is priced by the policy instead.
-
-A started sequence whose unfed tokens fit in what is left of this call's
-`max_prefill_tokens` is `ready` at once: its first catch-up row is that whole tail, fed in
-the same pass as the first draft step (or, if it drafts nothing this round, as a chunk). A
-longer tail is fed in chunks, batched with the other sequences' chunks and with the first
-draft step of the sequences that draft, at most `max_prefill_tokens` per call; until it has
-caught up (all but a few tokens seen) the sequence is not `ready` and the engine does not ask
-it for drafts.
-
-Bounded catch-up: after rounds without drafting (a policy at k = 0) the unseen tail can be
-long, and feeding it all would cost a draft prefill of every token decoded meanwhile, paid
-by the probe that asks whether drafting pays again. So the draft is fed at most
-`max_catchup` of the newest unseen tokens and skips the rest: its context gets a hole, its
-positions run behind the target's by `skipped`. That changes only how good the drafts are,
-never the output distribution: the verifier judges each draft against the distribution it
-was actually sampled from. A cache with a hole no longer matches its tokens, so from then
-on the sequence registers no more draft blocks in the prefix cache.
-
-When the draft's cache is full a sequence drafts nothing that round (or its prefill waits);
-the draft model never preempts anything.
+The draft keeps its own paged KV cache (its block manager is the drafter's) and samples each
+draft from the same processed distribution the verifier uses (masked by the sequence's
+grammar, if any). Invariants: before proposing it feeds the tokens it has not seen; after a
+round it forgets what was rejected, `seen = min(seen, old_len + accepted)` (rollback is
+arithmetic); its start is deferred until the controller's policy first wants drafts and then
+feeds at most the newest `prefill_window` tokens; after rounds without drafting it catches up
+on at most `max_catchup` tokens and skips older ones (a hole that lowers acceptance, never
+changes the output law). When its cache is full a sequence drafts nothing that round.
+Why: docs/design.md, "The draft model".
 """
 
 from __future__ import annotations

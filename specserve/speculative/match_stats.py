@@ -1,30 +1,11 @@
 """How often lookup drafts survive verification, learned online by match length.
 
-A lookup draft (suffix or prompt lookup) comes with a match length L (how many context tokens
-the occurrences it continues matched) and a confidence c_i per position (the share of those
-occurrences that voted for token i: 1 for prompt lookup). The chance that position i survives,
-given that the ones before it did, is modelled as
-
-    P(accept 1) = min(1, f_first(L) · c_1),   P(accept i | i − 1 kept) = min(1, f_next(L) · c_i),
-
-with f learned per match-length bucket (1, 2, 3–4, 5–8, 9–16, 17+) and per origin (this
-request's own text or the shared cache of earlier outputs): f = (accepted + w·prior) /
-(Σ c over the positions tried + w). A position is *tried* when every draft before it was
-accepted. The survival of position i is the product of the first i factors: the expected
-number of accepted drafts of a k-token prefix is the sum of the first k survivals.
-
-Acceptance is mostly a property of the text and of the model pair, so one table serves the
-whole engine; long matches are trusted more from their first round on (the priors rise with
-L), and a few rounds correct them. But the table mixes every kind of text the engine has
-served: after code edits, whose short matches often continue, a story's short matches are
-priced as if they did too. So each request also keeps its own fit (`RequestFit`) of its short
-matches (L ≤ `FIT_MAX_MATCH`): over the first positions it tried, the accepts it saw against
-those the table expected, and its first factors for short matches are the table's times
-(accepted + w) / (expected + w), w = `REQUEST_WEIGHT`. A request whose text copies less than
-the engine's average stops drafting short matches within a few rounds; one that copies more
-drafts more. A long match is evidence of its own (a story that quotes a passage copies it),
-and the positions after the first are a continuation that has begun to match: the table
-prices both.
+Model: P(accept 1) = min(1, f_first(L) · c_1), P(accept i | i − 1 kept) = min(1, f_next(L) ·
+c_i), with c_i the position's vote share and f learned per match-length bucket and origin
+(own text / shared cache), f = (accepted + w·prior) / (Σ c tried + w). A position is *tried*
+when every draft before it was accepted; survival is the product of the factors. Each request
+also keeps its own fit of its short matches (`RequestFit`). Why: docs/design.md, "Lookup
+acceptance by match length".
 """
 
 from __future__ import annotations

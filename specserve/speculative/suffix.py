@@ -1,45 +1,13 @@
-"""Suffix drafting: continue the text the way earlier copies of its last tokens continued,
-in this request (prompt + output so far) and in the outputs of earlier requests.
+"""Suffix drafting: continue the text the way earlier copies of its last tokens continued, in
+this request (prompt + output so far, and views of its prompt such as the prompt escaped as a
+JSON string) and in the outputs of earlier requests (`SuffixCache`, bounded, LRU).
 
-Text that quotes, edits or summarises its prompt repeats itself, and so do a server's
-answers to similar requests (the same tool-call JSON, the same boilerplate); prompt lookup
-(vLLM's `ngram`) uses the first, suffix decoding (vLLM's `suffix`, after Oliaro et al.,
-"SuffixDecoding", 2024) both. Here:
-
-1. **Match.** Find the longest suffix of the context (up to `max_match` tokens) that occurred
-   before: in the sequence's own tokens (every earlier end, by one vectorised comparison per
-   length, as `ngram.find_ngram_draft`) and in the shared `SuffixCache` of earlier outputs
-   (an index from each `KEY_LEN`-gram to its most recent ends, each extended backwards to its
-   true match length; where no `KEY_LEN`-gram recurs and the request's own text matches
-   less, its shorter grams, so that `"\n` after a JSON string's value continues as earlier
-   tool calls closed theirs). Every occurrence of the longest length found is a *candidate*.
-2. **Continue by vote.** Position by position, the candidates still agreeing with the draft
-   so far vote with the token that followed them; the most frequent wins (ties: the most
-   recent occurrence), and its share of the votes is that position's *confidence* c_i. A
-   candidate that disagrees or runs out of text drops out; the draft ends when none is left,
-   at `max_draft` tokens, or when the product of confidences falls below `min_confidence`.
-   So a long, unanimous match drafts long and a short, contested one drafts little or nothing.
-3. **Learn.** The shared cache takes each finished request's output (least recently used
-   requests evicted past `max_tokens`, so its memory is bounded), led by the last
-   `PROMPT_CONTEXT` tokens of its prompt. The lead is matched but never proposed: it is what
-   lets a new request's *first* tokens match, since every answer starts after the same chat
-   template ("<|im_start|>assistant\n") and often after the same instruction, and answers to
-   similar requests start alike (an agent's every reply opens with the same tool-call JSON).
-
-A request may also bring *views* of its prompt: the same text written another way that its
-answer is likely to copy. The one the engine gives (`escaped_view`) is the prompt as a JSON
-string body: an agent's tool call quotes the file it was shown inside a JSON string, where
-every newline is the two characters `\n` and every quote `\"`, so the raw prompt matches
-the answer only between line ends, while the escaped view matches it line after line.
-A view is searched like the shared cache (its index keys), and its matches count as the
-request's own text.
-
-The drafter is deterministic (one-hot proposals). How many of a candidate's tokens are worth
-verifying is not decided here: the controller prices them (`controller.py`) from the
-confidences and the acceptance it measures per match length.
-
-E.g. context [a b c d x a b c], no cache: the longest earlier suffix is [a b c] (length 3,
-ending at position 2); the draft is [d x a b c][:max_draft] with every c_i = 1.
+Contract: `candidate(seq, limit, extra)` returns the voted continuation of the longest
+earlier match of the context's end (context: the sequence's tokens, then `extra`), with each
+position's share of the votes as its confidence; deterministic (one-hot) drafts. How much of
+it is verified is the controller's choice. E.g. context [a b c d x a b c], no cache: the
+longest earlier suffix is [a b c]; the draft is [d x a b c][:limit], every confidence 1.
+Why it is built this way: docs/design.md, "Suffix drafting".
 """
 
 from __future__ import annotations
