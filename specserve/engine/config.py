@@ -32,6 +32,9 @@ class EngineConfig:
         True, "reuse the KV blocks of a prompt prefix already computed", flag="--prefix-caching")
     kv_cache_dtype: str = option("auto", "KV cache dtype (auto: float16 on the native kernels, "
                                  "else the activations' dtype)", choices=KV_CACHE_DTYPES)
+    trace_steps: str | None = option(
+        None, "append one JSON line per engine step to this file: batch, drafts per sequence "
+        "and their source, tokens gained, seconds, the cost model's prediction (diagnosis)")
 
     def __post_init__(self) -> None:
         require_int("max_num_seqs", self.max_num_seqs, minimum=1)
@@ -45,3 +48,6 @@ class EngineConfig:
         require_int("block_size", self.block_size, minimum=1)
         require_bool("enable_prefix_caching", self.enable_prefix_caching)
         check_kv_cache_dtype(self.kv_cache_dtype)
+        if self.trace_steps is not None and (not isinstance(self.trace_steps, str)
+                                             or not self.trace_steps):
+            raise ValueError(f"trace_steps must be a file path, got {self.trace_steps!r}")

@@ -30,6 +30,7 @@ from specserve.engine.request import Request
 from specserve.engine.rounds import sample_round, truncate_to_grammar
 from specserve.engine.runner import ModelRunner
 from specserve.engine.scheduler import Chunk, Scheduler, StepPlan
+from specserve.engine.trace import StepTrace
 from specserve.engine.sequence import Sequence, Status
 from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.grammar import GrammarError, LazyGrammarCompiler
@@ -64,6 +65,7 @@ class LLMEngine:
         self._seeds = random.Random()
         self._started = False
         self._prepare_tokenizer = prepare_tokenizer
+        self._trace = StepTrace(config.trace_steps) if config.trace_steps else None
 
     @property
     def cost(self):
@@ -211,6 +213,8 @@ class LLMEngine:
             plan = self._schedule()
             if plan.decode or plan.chunks:
                 self._execute(plan)
+                if self._trace is not None:
+                    self._trace.step(self, plan, start)
             elif self.spec is not None:
                 self.spec.propose(plan)  # only draft prefill chunks are left to run
         except Exception as error:  # noqa: BLE001 - handed to the failed requests
@@ -251,6 +255,8 @@ class LLMEngine:
         logits = self.runner.forward(rows, starts, tables, last_n)
         results = [self._round(s, p, lg) for s, p, lg in zip(seqs, proposals, logits)]
         t2 = time.perf_counter()
+        if self._trace is not None:
+            self._trace.round(proposals, results, t1 - t0, t2 - t1)
         old_lens = [len(s.token_ids) for s in seqs]
         for seq, prop, res, lg in zip(seqs, proposals, results, logits):
             self._commit(seq, prop, res, lg, t1 - t0, t2 - t1)
