@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from specserve.config import COST_AWARE, hybrid_speculation
-from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specserve.hub.resolver import resolve_model
 from specserve.models import tokenizer as tok
 from specserve.models.tokenizer import Tokenizer
 
