@@ -123,16 +123,17 @@ def add_to_gguf(writer, v: Vocab) -> None:
     writer.add_chat_template(v.template)
 
 
-def write_model(path: Path, kind: str = "llama", num_merges: int = 300) -> Path:
+def write_model(path: Path, kind: str = "llama", qtype: str = "F32") -> Path:
     """A tiny model (llama architecture for "llama", gemma3 for "gemma") carrying the
-    vocabulary of `kind`, as a float32 GGUF file at `path`."""
-    from gguf import GGMLQuantizationType as T
+    vocabulary of `kind`, as a GGUF file at `path` with its matrices in `qtype`."""
+    from gguf import GGMLQuantizationType
 
     from tests import tiny
 
-    v = vocab(kind, num_merges)
+    v = vocab(kind)
     arch = "gemma3" if kind == "gemma" else "llama"
     model = tiny.build_hf_model(arch, vocab=len(v.tokens))
-    tiny.write_gguf_pair(model, arch, {"default": T.F32}, path, path.with_suffix(".hf"),
+    types = {"default": GGMLQuantizationType[qtype]}
+    tiny.write_gguf_pair(model, arch, types, path, path.with_suffix(".hf"),
                          vocab_writer=lambda writer: add_to_gguf(writer, v))
     return path

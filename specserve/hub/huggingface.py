@@ -92,7 +92,8 @@ def fetch(name: HubName, access: HubAccess = HubAccess()) -> list[Path]:
 def choose(name: HubName, listing: Listing) -> list[str]:
     """The files of `listing` that `name` means (see the module docstring)."""
     ggufs = [f for f in listing.files if _is_model_gguf(f)]
-    where = "the cached copy of " if not listing.online else ""
+    where = "" if listing.online else (" in the cached copy (the Hub is out of reach, so only "
+                                       "files fetched before are known)")
     if name.quant is None:
         folder = _folder(listing.files)
         if folder:
@@ -104,13 +105,12 @@ def choose(name: HubName, listing: Listing) -> list[str]:
             return _parts(first, ggufs)
     if name.quant is not None:
         quants = sorted({q for f in ggufs if (q := quant_of(f))})
-        raise ValueError(f"{name.repo}: {where}no GGUF file for quant {name.quant!r}; it has "
+        raise ValueError(f"{name.repo}: no GGUF file for quant {name.quant!r}{where}; it has "
                          f"{', '.join(quants) or 'none'} (name one as {name.repo}:QUANT)")
     if ggufs:
         return _parts(next(f for f in ggufs if _split_index(f) == 1), ggufs)
-    hint = " (only files fetched before are known offline)" if not listing.online else ""
-    raise ValueError(f"{name.repo}: {where}no GGUF file and no safetensors model (config.json "
-                     f"and *.safetensors){hint}")
+    raise ValueError(f"{name.repo}: no GGUF file and no safetensors model (config.json and "
+                     f"*.safetensors){where}")
 
 
 def quant_of(filename: str) -> str | None:
@@ -156,9 +156,9 @@ def list_files(name: HubName, access: HubAccess) -> Listing:
     """The repository's files at `main`: from the Hub, else from the cache (see the module
     docstring); errors as the module docstring says."""
     import huggingface_hub as hub
-    from huggingface_hub import errors
+    from huggingface_hub import constants, errors
 
-    offline = access.offline if access.offline is not None else hub.constants.is_offline_mode()
+    offline = access.offline if access.offline is not None else constants.is_offline_mode()
     if offline:
         return _cached_listing(name, access, "offline mode is on (HF_HUB_OFFLINE); unset it to "
                                              "download the model")
@@ -212,8 +212,11 @@ def _download(name: HubName, filename: str, listing: Listing, access: HubAccess)
     from huggingface_hub import errors
 
     try:
+        # online by the branch, so that huggingface_hub records where `main` points for
+        # offline use; offline by the cached snapshot's commit
+        revision = REVISION if listing.online else listing.commit
         return Path(hub.hf_hub_download(
-            name.repo, filename, revision=listing.commit, endpoint=access.endpoint,
+            name.repo, filename, revision=revision, endpoint=access.endpoint,
             cache_dir=access.cache_dir, local_files_only=not listing.online,
             tqdm_class=None if access.progress else _QuietBar))
     except errors.LocalEntryNotFoundError:
