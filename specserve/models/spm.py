@@ -37,9 +37,11 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 SPACE = "\u2581"  # ▁
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 _NOT_FROM_TEXT = (UNKNOWN, CONTROL, BYTE)  # token types no merge may produce
-# end-of-generation tokens llama.cpp recognizes by their text (llama-vocab.cpp)
-EOG_TEXTS = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>", "<|endoftext|>",
-             "<|eom_id|>", "<|end_of_text|>", "<EOT>")
+# end-of-generation tokens llama.cpp recognizes by their text (llama-vocab.cpp), and makes
+# control tokens whatever type the file gives them
+EOG_TEXTS = frozenset({"<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>", "<|endoftext|>",
+                       "</s>", "<|eom_id|>", "<|end_of_text|>", "<EOT>", "_<EOT>",
+                       "<end_of_utterance>", "<eos>"})
 
 
 @dataclass(frozen=True)
@@ -77,10 +79,11 @@ def from_gguf(meta: dict) -> SpmVocab:
     tokens = tuple(meta["tokenizer.ggml.tokens"])
     n = len(tokens)
     scores = tuple(float(s) for s in meta.get("tokenizer.ggml.scores") or [0.0] * n)
-    types = tuple(int(t) for t in meta.get("tokenizer.ggml.token_type") or [NORMAL] * n)
+    types = meta.get("tokenizer.ggml.token_type") or [NORMAL] * n
     if len(scores) != n or len(types) != n:
         raise ValueError(f"GGUF tokenizer: {n} tokens but {len(scores)} scores and "
                          f"{len(types)} token types")
+    types = tuple(CONTROL if t in EOG_TEXTS else int(ty) for t, ty in zip(tokens, types))
     prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
 
     def token_id(key: str, default: int | None) -> int | None:
@@ -93,7 +96,7 @@ def from_gguf(meta: dict) -> SpmVocab:
            "unk_token": unk, "pad_token": token_id("padding_token_id", None)}
     eos = {i for i in (ids["eos_token"], token_id("eot_token_id", None),
                        token_id("eom_token_id", None)) if i is not None}
-    eos |= {i for i, t in enumerate(tokens) if t in EOG_TEXTS and types[i] == CONTROL}
+    eos |= {i for i, t in enumerate(tokens) if t in EOG_TEXTS}
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
     return SpmVocab(backend, decoder, ids["bos_token"], frozenset(eos),
                     bool(meta.get("tokenizer.ggml.add_bos_token", True)),

@@ -16,7 +16,7 @@ import random
 import pytest
 
 from specserve.engine.output_processor import IncrementalDetokenizer
-from specserve.models.spm import BYTE
+from specserve.models.spm import BYTE, USER_DEFINED
 from specserve.models.tokenizer import from_gguf_metadata
 from specserve.speculative.suffix import escaped_view
 from specserve.weights.gguf_loader import open_gguf, read_metadata
@@ -126,6 +126,20 @@ def test_special_ids_and_end_of_generation_tokens_come_from_the_file(tokenizers)
     assert gemma.special_tokens == {"bos_token": "<bos>", "eos_token": "<eos>",
                                     "unk_token": "<unk>", "pad_token": "<pad>"}
     assert gemma.decode([2, end_of_turn, 5], skip_special_tokens=False) == "<bos><end_of_turn>\x01"
+
+
+def test_end_of_generation_texts_are_control_tokens_whatever_type_the_file_gives():
+    """As llama.cpp: `<end_of_turn>` written as a user-defined token still ends generation,
+    stays text in text and is hidden in decoding."""
+    v = spm_vocab.vocab("gemma")
+    types = [USER_DEFINED if t == "<end_of_turn>" else ty for t, ty in zip(v.tokens, v.types)]
+    tok = from_gguf_metadata({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": v.tokens,
+                              "tokenizer.ggml.scores": v.scores, "tokenizer.ggml.token_type": types,
+                              "tokenizer.ggml.add_space_prefix": False})
+    eot = v.tokens.index("<end_of_turn>")
+    assert eot in tok.eos_token_ids
+    assert eot not in tok.encode("a<end_of_turn>", parse_special=False)
+    assert eot in tok.encode("a<end_of_turn>") and tok.decode([eot]) == ""
 
 
 def test_gemma_chat_template_renders_as_transformers_and_encodes_content_as_text(
