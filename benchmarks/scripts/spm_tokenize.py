@@ -1,7 +1,8 @@
 """The SentencePiece tokenizer on a GGUF vocabulary against its references: ids of a text
 (whole, and line by line) identical to transformers' GGUF conversion, to SentencePiece itself
 (its `.model`, where given) and to llama.cpp (a tool built from its sources, where given),
-the decode round trip, and the time per MB of each.
+the decode round trip, and the time per MB of each (best of `--repeat`), the text as one
+piece and line by line.
 
     python benchmarks/scripts/spm_tokenize.py VOCAB.gguf TEXT [--spm SPM.model]
         [--llama-cpp SPMTOK] [--repeat 5]
@@ -34,7 +35,8 @@ def best_time(fn, repeat: int) -> float:
     return min(times)
 
 
-def llama_cpp(tool: str, gguf: Path, texts: list[str], repeat: int) -> tuple[list[list[int]], float]:
+def llama_cpp(tool: str, gguf: Path, texts: list[str], repeat: int
+              ) -> tuple[list[list[int]], float]:
     out = subprocess.run([tool, str(gguf), "tokenize", "0", str(repeat)],
                          input="\0".join(texts).encode(), capture_output=True, check=True)
     lines = out.stdout.decode().split("\n")[:len(texts)]
@@ -60,7 +62,9 @@ def main() -> None:
     ours_lines = [tok._pieces(line, parse_special=False) for line in lines]
     tok.prepare()
     t = best_time(lambda: tok._pieces(text, parse_special=False), a.repeat)
-    print(f"specserve    {len(ours)} ids, {t / mb * 1e3:.1f} ms/MB")
+    tl = best_time(lambda: [tok._pieces(line, parse_special=False) for line in lines], a.repeat)
+    print(f"specserve    {len(ours)} ids, {t / mb * 1e3:.0f} ms/MB whole, "
+          f"{tl / mb * 1e3:.0f} ms/MB by line")
     print(f"round trip   {'identical' if tok.decode(ours) == text else 'DIFFERS'}")
 
     from transformers import AutoTokenizer
@@ -69,7 +73,10 @@ def main() -> None:
     theirs = ref.encode(" " + text, add_special_tokens=False)
     theirs_lines = [ref.encode(" " + line, add_special_tokens=False) for line in lines]
     t = best_time(lambda: ref.encode(" " + text, add_special_tokens=False), a.repeat)
-    print(f"transformers {len(theirs)} ids, {t / mb * 1e3:.1f} ms/MB; whole text "
+    tl = best_time(lambda: [ref.encode(" " + x, add_special_tokens=False) for x in lines],
+                   a.repeat)
+    print(f"transformers {len(theirs)} ids, {t / mb * 1e3:.0f} ms/MB whole, "
+          f"{tl / mb * 1e3:.0f} ms/MB by line; whole text "
           f"{'identical' if theirs == ours else 'DIFFERS'}, lines identical "
           f"{sum(x == y for x, y in zip(ours_lines, theirs_lines))}/{len(lines)}")
     if a.spm:
@@ -78,13 +85,16 @@ def main() -> None:
         sp = spm.SentencePieceProcessor(model_file=a.spm)
         theirs, theirs_lines = sp.encode(text), [sp.encode(line) for line in lines]
         t = best_time(lambda: sp.encode(text), a.repeat)
-        print(f"sentencepiece {len(theirs)} ids, {t / mb * 1e3:.1f} ms/MB; whole text "
+        tl = best_time(lambda: [sp.encode(line) for line in lines], a.repeat)
+        print(f"sentencepiece {len(theirs)} ids, {t / mb * 1e3:.0f} ms/MB whole, "
+              f"{tl / mb * 1e3:.0f} ms/MB by line; whole text "
               f"{'identical' if theirs == ours else 'DIFFERS'}, lines identical "
               f"{sum(x == y for x, y in zip(ours_lines, theirs_lines))}/{len(lines)}")
     if a.llama_cpp:
         (theirs,), t = llama_cpp(a.llama_cpp, a.gguf, [text], a.repeat)
-        theirs_lines, _ = llama_cpp(a.llama_cpp, a.gguf, lines, 1)
-        print(f"llama.cpp    {len(theirs)} ids, {t / mb * 1e3:.1f} ms/MB; whole text "
+        theirs_lines, tl = llama_cpp(a.llama_cpp, a.gguf, lines, a.repeat)
+        print(f"llama.cpp    {len(theirs)} ids, {t / mb * 1e3:.0f} ms/MB whole, "
+              f"{tl / mb * 1e3:.0f} ms/MB by line; whole text "
               f"{'identical' if theirs == ours else 'DIFFERS'}, lines identical "
               f"{sum(x == y for x, y in zip(ours_lines, theirs_lines))}/{len(lines)}")
 

@@ -129,13 +129,16 @@ def merges(tokens, scores, types, vocab: dict[str, int]) -> list[tuple[str, str]
     """Every split of a mergeable token into two tokens, best-scored token first (ties: the
     lower id, then the shorter left half)."""
     ranked = []
-    for i, (token, kind) in enumerate(zip(tokens, types)):
-        if kind in _NOT_FROM_TEXT or len(token) < 2 or vocab[token] != i:
+    for i, token in enumerate(tokens):
+        if types[i] in _NOT_FROM_TEXT or len(token) < 2 or vocab[token] != i:
             continue
+        score = -scores[i]
         for k in range(1, len(token)):
-            left, right = token[:k], token[k:]
-            if left in vocab and right in vocab:
-                ranked.append((-scores[i], i, k, left, right))
+            left = token[:k]
+            if left in vocab:
+                right = token[k:]
+                if right in vocab:
+                    ranked.append((score, i, k, left, right))
     ranked.sort()
     return [(left, right) for *_, left, right in ranked]
 

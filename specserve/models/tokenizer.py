@@ -17,8 +17,9 @@ conversation so that only the chat template's own control tokens are special: th
 is rendered with a random placeholder for each message's content, the template's text is
 encoded with its special tokens and each content with none of them. A template that
 transforms content (the placeholders do not come through whole, or the real content renders
-otherwise, e.g. Gemma's `| trim`) is rendered with the real content instead; then a content holding a special token's text is refused, since it
-could not be kept as text. The compiled template is kept with the tokenizer.
+otherwise, e.g. Gemma's `| trim`) is rendered with the real content instead; then a content
+holding a special token's text is refused, since it could not be kept as text. The compiled
+template is kept with the tokenizer.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ endpoints huggingface_hub calls to list a model repository's files and to downlo
   (`X-Repo-Commit`, `ETag`: its sha256, `Content-Length`), `Range: bytes=N-` honoured (206);
   404 with `X-Error-Code: EntryNotFound` for an unknown file.
 Every request is recorded (`requests`: (method, path)); anything else is a 500 so that a test
-sees a call it did not expect.
+sees a call it did not expect. A file named in `cut` breaks off halfway the first time its
+whole body is asked for (the connection closes), as a flaky network would.
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ _RESOLVE = re.compile(r"/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>[
 class Hub:
     """`repos`: repository id → {file path: bytes}. Use as a context manager."""
 
-    def __init__(self, repos: dict[str, dict[str, bytes]]) -> None:
+    def __init__(self, repos: dict[str, dict[str, bytes]], cut: frozenset[str] = frozenset()
+                 ) -> None:
         self.repos = repos
+        self.cut = set(cut)
         self.commits = {repo: hashlib.sha1(json.dumps(sorted(
             (p, hashlib.sha256(b).hexdigest()) for p, b in files.items())).encode()).hexdigest()
             for repo, files in repos.items()}
         self.requests: list[tuple[str, str]] = []
+        self.resumed_at: list[int] = []  # the offsets of `Range: bytes=N-` requests
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -94,16 +98,23 @@ class Hub:
         start = re.fullmatch(r"bytes=(\d+)-", req.headers.get("Range", ""))
         if start and body:
             offset = int(start[1])
+            self.resumed_at.append(offset)
             headers["Content-Range"] = f"bytes {offset}-{len(data) - 1}/{len(data)}"
             return self._send(req, 206, headers, data[offset:], body)
+        if body and path in self.cut:
+            self.cut.discard(path)
+            return self._send(req, 200, headers, data, body, cut_at=len(data) // 2)
         self._send(req, 200, headers, data, body)
 
     @staticmethod
-    def _send(req, status: int, headers: dict, data: bytes, body: bool) -> None:
+    def _send(req, status: int, headers: dict, data: bytes, body: bool,
+              cut_at: int | None = None) -> None:
         req.send_response(status)
         for k, v in headers.items():
             req.send_header(k, v)
         req.send_header("Content-Length", str(len(data)))
         req.end_headers()
         if body:
-            req.wfile.write(data)
+            req.wfile.write(data[:cut_at])
+        if cut_at is not None:
+            req.close_connection = True

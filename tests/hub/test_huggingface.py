@@ -7,6 +7,7 @@ would (HF_ENDPOINT, HF_HUB_CACHE, HF_HUB_OFFLINE), downloading and generating wi
 from __future__ import annotations
 
 import json
+import random
 import socket
 
 import pytest
@@ -123,6 +124,17 @@ def test_an_unreachable_hub_is_a_download_error_unless_the_model_is_cached(hub, 
         resolve_model(f"{GGUF_REPO}:Q8_0", access=access(hub, tmp_path, offline=True))
     path = resolve_model(f"{GGUF_REPO}:Q8_0", access=access(hub, tmp_path))
     assert resolve_model(f"{GGUF_REPO}:Q8_0", access=access(down, tmp_path)) == path
+
+
+def test_a_download_that_breaks_off_resumes_where_it_stopped(tmp_path):
+    """huggingface_hub writes what arrived in 10 MiB chunks, so the file must be larger for a
+    break halfway to leave something to resume from."""
+    data = random.Random(0).randbytes(24 << 20)
+    with Hub({"org/big-GGUF": {"big-Q4_0.gguf": data}}, cut=frozenset({"big-Q4_0.gguf"})) as hub:
+        (path,) = download(["org/big-GGUF:Q4_0"], access=access(hub, tmp_path))
+        assert path.read_bytes() == data
+        assert hub.downloads("big-Q4_0.gguf") == 2 and len(hub.resumed_at) == 1
+        assert 0 < hub.resumed_at[0] <= len(data) // 2  # the second request asked for the rest
 
 
 def test_download_takes_aliases_and_hub_ids_alike(hub, tmp_path):
