@@ -18,8 +18,11 @@ is rendered with a random placeholder for each message's content, the template's
 encoded with its special tokens and each content with none of them. A template that
 transforms content (the placeholders do not come through whole, or the real content renders
 otherwise, e.g. Gemma's `| trim`) is rendered with the real content instead; then a content
-holding a special token's text is refused, since it could not be kept as text. The compiled
-template is kept with the tokenizer.
+holding a special token's text is refused, since it could not be kept as text. A
+SentencePiece tokenizer encodes the text between the template's special tokens (template text
+and contents alike) as one run, as llama.cpp encodes the rendered prompt: the space prefix
+comes once per run and pieces merge across a content's edges. The compiled template is kept
+with the tokenizer.
 """
 
 from __future__ import annotations
@@ -102,6 +105,8 @@ class Tokenizer:
                 messages[int(p)]["content"] if k % 2 else p for k, p in enumerate(parts)
         ) != self._render(messages, add_generation_prompt, extra):  # the template changed it
             return self._chat_as_one_text(messages, add_generation_prompt, extra)
+        if self.pieces is not None:
+            return self._with_specials(self._runs(parts, messages))
         ids: list[int] = []
         for k, part in enumerate(parts):
             if k % 2:
@@ -109,6 +114,30 @@ class Tokenizer:
             elif part:
                 ids += self._pieces(part, parse_special=True)
         return self._with_specials(ids)
+
+    def _runs(self, parts: list[str], messages: list[dict]) -> list[int]:
+        """The ids of a rendered conversation (`parts`: template text, then a content's index,
+        alternately) where only the template's special tokens are special; the text between
+        them encoded whole, as text."""
+        specials = sorted((t.content for t in self.backend.get_added_tokens_decoder().values()
+                           if t.special), key=len, reverse=True)
+        split = re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
+        ids: list[int] = []
+        run: list[str] = []
+        for k, part in enumerate(parts):
+            pieces = [messages[int(part)]["content"]] if k % 2 else \
+                split.split(part) if split else [part]
+            for j, piece in enumerate(pieces):
+                if k % 2 or j % 2 == 0:
+                    run.append(piece)
+                    continue
+                if "".join(run):
+                    ids += self._pieces("".join(run), parse_special=False)
+                ids.append(self.backend.token_to_id(piece))
+                run = []
+        if "".join(run):
+            ids += self._pieces("".join(run), parse_special=False)
+        return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         if self.pieces is not None:
