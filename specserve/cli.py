@@ -60,7 +60,7 @@ def read_prompt(args) -> str:
 
 
 def cmd_download(args) -> int:
-    from specserve.hub.registry import download
+    from specserve.hub.resolver import download
 
     for path in download(args.names or None, verify=args.verify):
         print(path)
@@ -127,8 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("download", help="fetch and verify the default models into the cache")
-    p.add_argument("names", nargs="*", help="aliases (default: all)")
+    p = sub.add_parser("download", help="fetch and verify models into the cache: the default "
+                       "models, or Hugging Face Hub models by id")
+    p.add_argument("names", nargs="*", help="aliases or Hub ids org/repo[:QUANT] (default: "
+                   "every alias)")
     p.add_argument("--verify", action="store_true",
                    help="re-hash every cached file (sha256) instead of trusting its stamp")
     p.set_defaults(func=cmd_download)

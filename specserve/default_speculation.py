@@ -15,7 +15,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET, resolve_model
+from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specserve.hub.resolver import resolve_model
 from specserve.models import tokenizer as tok
 from specserve.models.tokenizer import Tokenizer, check_same_vocabulary
 

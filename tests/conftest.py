@@ -36,7 +36,7 @@ def int8_pair(tmp_path_factory):
 
 def real_model_path(alias: str) -> Path:
     """The cached real model, or a failure telling how to fetch it (never a skip)."""
-    from specserve.hub.registry import resolve_model
+    from specserve.hub.resolver import resolve_model
 
     try:
         return resolve_model(alias)

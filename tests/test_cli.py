@@ -86,10 +86,12 @@ PERMISSION_OVERRIDES = "-dac_override,-dac_read_search"
 
 
 def run_cli(*args: str, cache: Path | None = None, code: str | None = None,
-            honour_permissions: bool = False, stdin=subprocess.DEVNULL, wait: bool = True):
-    """`specserve ARGS` (or `python -c CODE`) with SPECSERVE_CACHE set; returns the process.
-    `honour_permissions`: as root, run without `PERMISSION_OVERRIDES`."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), SPECSERVE_CACHE=str(cache or "/nonexistent-cache"))
+            honour_permissions: bool = False, stdin=subprocess.DEVNULL, wait: bool = True,
+            env: dict[str, str] | None = None):
+    """`specserve ARGS` (or `python -c CODE`) with SPECSERVE_CACHE set (and `env`); returns
+    the process. `honour_permissions`: as root, run without `PERMISSION_OVERRIDES`."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT),
+               SPECSERVE_CACHE=str(cache or "/nonexistent-cache"), **(env or {}))
     env.pop("SPECSERVE_DEBUG", None)
     command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "specserve.cli", *args]
     if honour_permissions and os.geteuid() == 0:

@@ -186,10 +186,11 @@ def quantize_raw(values, qtype, rng):
 
 
 def write_gguf_pair(hf_model, arch: str, types: dict[str, object], path: Path, hf_path: Path, seed: int = 0,
-                    extra=None):
+                    extra=None, vocab_writer=None):
     """Write `hf_model`'s weights as a GGUF file, each 2-D tensor in `types[kind]` ('default',
     'embed', 'ffn', 'attn'), and a Hugging Face directory holding exactly the values the GGUF file
-    dequantizes to. `extra(writer)` may add fields or tensors of its own. Returns (gguf path, hf dir)."""
+    dequantizes to. `extra(writer)` may add fields or tensors of its own; `vocab_writer(writer)`
+    writes the tokenizer in place of the byte-level BPE one. Returns (gguf path, hf dir)."""
     import gguf
     import numpy as np
     from gguf import GGMLQuantizationType as T
@@ -199,7 +200,10 @@ def write_gguf_pair(hf_model, arch: str, types: dict[str, object], path: Path, h
     cfg = hf_model.config
     writer = gguf.GGUFWriter(str(path), GGUF_ARCH[arch])
     _add_hparams(writer, cfg, arch)
-    _add_tokenizer(writer, cfg.vocab_size, arch)
+    if vocab_writer is None:
+        _add_tokenizer(writer, cfg.vocab_size, arch)
+    else:
+        vocab_writer(writer)
     permuted = GGUF_ARCH[arch] == "llama"
     new_state = {}
     for name, tensor in hf_model.state_dict().items():

@@ -10,7 +10,10 @@ Incremental detokenization decodes a small window of recent tokens, never the wh
 window starts at `prefix` (where the last emitted text began) and the text of the tokens from
 `read` on is what is new. A window whose decoding ends in U+FFFD holds an incomplete multi-byte
 character, so nothing is emitted until a later token completes it (the approach of Hugging
-Face's `TextStreamer` and vLLM's `detokenize_incrementally`).
+Face's `TextStreamer` and vLLM's `detokenize_incrementally`). The first window starts with the
+prompt's last tokens (`CONTEXT_TOKENS`, already read), so that the output reads as the prompt's
+continuation: a SentencePiece decoder drops the space at the start of a text, but the first
+output token `▁Paris` after "The capital of France is" is " Paris".
 
 Once per engine step `delta(request)` hands out what a request that advanced gained: the new
 token ids and the new text; text that might still become a stop string is held back, so a
@@ -32,16 +35,22 @@ from specserve.sampling.stop import FINISH_STOP, StopChecker, finish_reason_for_
 
 FINISH_LENGTH, FINISH_ABORT = "length", "abort"
 _INCOMPLETE = "\ufffd"  # what a decoder yields for a multi-byte character cut short
+CONTEXT_TOKENS = 4  # prompt tokens the first window starts with
 
 
 class IncrementalDetokenizer:
     """Text of a growing token list, one token at a time, decoding only a recent window."""
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, context: list[int] = ()) -> None:
+        """`context`: tokens before the first one pushed (the prompt's tail), never emitted;
+        ignored where its text ends inside a character."""
         self._tokenizer = tokenizer
-        self._ids: list[int] = []  # the window: tokens from `prefix` on
+        context = list(context)
+        if context and tokenizer.decode(context).endswith(_INCOMPLETE):
+            context = []
+        self._ids: list[int] = context  # the window: tokens from `prefix` on
         self._prefix = 0  # the window's first token (the last emitted text started there)
-        self._read = 0  # tokens before this are already in the emitted text
+        self._read = len(context)  # tokens before this are already in the emitted text
 
     def push(self, token: int) -> str:
         """Add a token; returns the text it completes ("" while a character is incomplete)."""
@@ -94,9 +103,11 @@ class OutputProcessor:
         self.speculative = speculative  # report per-request speculative metrics
 
     def start(self, seq: Sequence) -> None:
-        """Give a new sequence its output state."""
+        """Give a new sequence its output state (its detokenizer reads on from the prompt's
+        last `CONTEXT_TOKENS` tokens)."""
         params = seq.params
-        seq.out = CompletionState(IncrementalDetokenizer(self.tokenizer),
+        context = list(seq.prompt_ids[-CONTEXT_TOKENS:])
+        seq.out = CompletionState(IncrementalDetokenizer(self.tokenizer, context),
                                   StopChecker.from_params(params) if params.stop else None,
                                   logprobs=[] if params.logprobs is not None else None)
 

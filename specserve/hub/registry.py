@@ -10,7 +10,7 @@ and sha256, and only then renames the result to its final name.
 Verification policy: the cache never serves bytes it has not verified.
 - After a full sha256 check, a JSON stamp ``<file>.verified`` = {size, mtime_ns, ctime_ns,
   inode, sha256} is written beside the file (atomically).
-- Every load (``resolve_model``) and every ``download`` compares the stamp with ``os.stat``
+- Every load (``resolver.resolve_model``) and every ``download`` compares the stamp with ``os.stat``
   of the file. Any write to the file changes its ctime, even when the mtime is put back
   (``touch -d``, ``os.utime``), and replacing it changes the inode, so a stamp that still
   matches means the bytes are the ones hashed. When the stamp is missing or differs, the
@@ -405,27 +405,3 @@ def download(
     ``verify`` re-hashes every cached file in full instead of trusting its stamp."""
     sources = list(catalog) if names is None else [find_source(n, catalog) for n in names]
     return [fetch_model(s, cache, progress, fetch, verify) for s in sources]
-
-
-def resolve_model(name_or_path: str, cache: Path | None = None, catalog: Sequence[ModelSource] = MODELS) -> Path:
-    """A known alias's cached file; else an existing file or directory as is.
-
-    An alias wins over a file of the same name in the working directory (which anyone who can
-    write there could plant); write such a file as a path (`./name`) to load it. The cached
-    file is verified first (see the module docstring). FileNotFoundError if the alias is known
-    but not downloaded yet; CorruptModelError if its file is corrupt; ValueError if the name is
-    neither an existing path nor a known alias.
-    """
-    path = Path(name_or_path).expanduser()
-    as_path = os.sep in name_or_path or name_or_path.startswith((".", "~"))
-    alias = name_or_path.strip().lower() in (n.lower() for s in catalog for n in s.names)
-    if path.exists() and (as_path or not alias):
-        return path
-    source = find_source(name_or_path, catalog)
-    cached = check_cached(source, cache, progress=True)
-    if cached is None:
-        raise FileNotFoundError(
-            f"model {source.alias!r} is not downloaded yet "
-            f"(expected {models_dir(cache) / source.filename}); run `specserve download {source.alias}`"
-        )
-    return cached

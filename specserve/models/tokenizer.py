@@ -1,8 +1,9 @@
 """Tokenizer and chat template, built from a model's own files.
 
-GGUF files carry a byte-level BPE vocabulary (`tokenizer.ggml.tokens`, `.merges`,
-`.token_type`), the pre-tokenizer's name (`tokenizer.ggml.pre`) and a Jinja chat template;
-Hugging Face directories carry `tokenizer.json` and `tokenizer_config.json`.
+GGUF files carry a byte-level BPE vocabulary (`tokenizer.ggml.model` "gpt2": `.tokens`,
+`.merges`, `.token_type` and the pre-tokenizer's name `.pre`) or a SentencePiece one ("llama":
+`.tokens`, `.scores`, `.token_type`, see `spm.py`), and a Jinja chat template; Hugging Face
+directories carry `tokenizer.json` and `tokenizer_config.json`.
 
 Text must be valid Unicode: a lone surrogate (e.g. from `"\\ud800"` or a bad JSON escape) is
 a `ValueError` naming where it is. Chat messages are checked before the template sees them
@@ -15,9 +16,13 @@ Special tokens written as text: `encode(text, parse_special=False)` keeps `<|im_
 conversation so that only the chat template's own control tokens are special: the template
 is rendered with a random placeholder for each message's content, the template's text is
 encoded with its special tokens and each content with none of them. A template that
-transforms content (so the placeholders do not come through whole) is rendered with the
-real content instead; then a content holding a special token's text is refused, since it
-could not be kept as text. The compiled template is kept with the tokenizer.
+transforms content (the placeholders do not come through whole, or the real content renders
+otherwise, e.g. Gemma's `| trim`) is rendered with the real content instead; then a content
+holding a special token's text is refused, since it could not be kept as text. A
+SentencePiece tokenizer encodes the text between the template's special tokens (template text
+and contents alike) as one run, as llama.cpp encodes the rendered prompt: the space prefix
+comes once per run and pieces merge across a content's edges. The compiled template is kept
+with the tokenizer.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
+
+from specserve.models import spm
 
 # Split patterns of the pre-tokenizers llama.cpp names in `tokenizer.ggml.pre`.
 _QWEN2_SPLIT = (
@@ -59,6 +66,8 @@ class Tokenizer:
     add_bos: bool
     chat_template: str | None
     special_tokens: dict[str, str]  # bos_token / eos_token / ... as text, for templates
+    add_eos_id: int | None = None  # appended to every encoding (llama.cpp's add_eos)
+    pieces: spm.PieceDecoder | None = None  # decodes in place of the backend (SentencePiece)
 
     @property
     def vocab_size(self) -> int:
@@ -77,7 +86,7 @@ class Tokenizer:
         text of a special token becomes that token; False: it stays text."""
         check_text("text", text)
         ids = self._pieces(text, parse_special)
-        return self._with_bos(ids)
+        return self._with_specials(ids)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
                     parse_special_in_content: bool = False, **extra) -> list[int]:
@@ -92,17 +101,47 @@ class Tokenizer:
         rendered = self._render(marked, add_generation_prompt, extra)
         parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", rendered)
         texts = [i for i, m in enumerate(messages) if isinstance(m.get("content"), str)]
-        if sorted(int(i) for i in parts[1::2]) != texts:  # the template changed the content on its way through
+        if sorted(int(i) for i in parts[1::2]) != texts or "".join(
+                messages[int(p)]["content"] if k % 2 else p for k, p in enumerate(parts)
+        ) != self._render(messages, add_generation_prompt, extra):  # the template changed it
             return self._chat_as_one_text(messages, add_generation_prompt, extra)
+        if self.pieces is not None:
+            return self._with_specials(self._runs(parts, messages))
         ids: list[int] = []
         for k, part in enumerate(parts):
             if k % 2:
                 ids += self._pieces(messages[int(part)]["content"], parse_special=False)
             elif part:
                 ids += self._pieces(part, parse_special=True)
-        return self._with_bos(ids)
+        return self._with_specials(ids)
+
+    def _runs(self, parts: list[str], messages: list[dict]) -> list[int]:
+        """The ids of a rendered conversation (`parts`: template text, then a content's index,
+        alternately) where only the template's special tokens are special; the text between
+        them encoded whole, as text."""
+        specials = sorted((t.content for t in self.backend.get_added_tokens_decoder().values()
+                           if t.special), key=len, reverse=True)
+        split = re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
+        ids: list[int] = []
+        run: list[str] = []
+        for k, part in enumerate(parts):
+            pieces = [messages[int(part)]["content"]] if k % 2 else \
+                split.split(part) if split else [part]
+            for j, piece in enumerate(pieces):
+                if k % 2 or j % 2 == 0:
+                    run.append(piece)
+                    continue
+                if "".join(run):
+                    ids += self._pieces("".join(run), parse_special=False)
+                ids.append(self.backend.token_to_id(piece))
+                run = []
+        if "".join(run):
+            ids += self._pieces("".join(run), parse_special=False)
+        return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self.pieces is not None:
+            return self.pieces.decode(ids, skip_special_tokens)
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
@@ -152,9 +191,13 @@ class Tokenizer:
         backend = self.backend if parse_special else self._text_backend
         return backend.encode(text, add_special_tokens=False).ids
 
-    def _with_bos(self, ids: list[int]) -> list[int]:
+    def _with_specials(self, ids: list[int]) -> list[int]:
+        """A BOS first where the model adds one (unless the text began with it), an EOS last
+        where it adds one."""
         if self.add_bos and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
             ids = [self.bos_token_id] + ids
+        if self.add_eos_id is not None:
+            ids = ids + [self.add_eos_id]
         return ids
 
 
@@ -246,8 +289,14 @@ def from_gguf_metadata(meta: dict) -> Tokenizer:
     """Build the tokenizer from GGUF `tokenizer.*` metadata (`gguf_loader.read_metadata`'s
     values); a backend built before from the same vocabulary bytes is reused (`_BACKENDS`)."""
     kind = meta.get("tokenizer.ggml.model")
+    if kind == "llama":
+        v = spm.from_gguf(meta)
+        return Tokenizer(v.backend, v.eos_token_ids, v.bos_token_id, v.add_bos,
+                         meta.get("tokenizer.chat_template"), v.special_tokens, v.add_eos_id,
+                         v.decoder)
     if kind != "gpt2":
-        raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE 'gpt2')")
+        raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (byte-level BPE "
+                         f"'gpt2' and SentencePiece 'llama' are)")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     key = _backend_key(meta, types)

@@ -53,8 +53,9 @@ class SpeculativeConfig:
 
     method: str = option("hybrid", "the drafting method", choices=METHODS,
                          flag="--speculative-method")
-    model: str | None = option(None, "the draft model: alias, GGUF file or HF directory "
-                               "(implies method draft_model)", flag="--draft-model")
+    model: str | None = option(None, "the draft model: alias, GGUF file, HF directory or Hub "
+                               "id org/repo[:QUANT] (implies method draft_model)",
+                               flag="--draft-model")
     num_speculative_tokens: int = option(-1, "k, the tokens drafted per round; -1 lets the "
                                          "controller choose the source and k per round",
                                          short="-k")

@@ -19,8 +19,9 @@ from specserve.weights.quant import FORMATS
 class LoadConfig:
     """`model` may also be an already `LoadedModel` (Python API), `dtype` a torch dtype."""
 
-    model: str = option(DEFAULT_TARGET, "alias, GGUF file or HF directory (aliases: "
-                        + ", ".join(m.alias for m in MODELS) + ")")
+    model: str = option(DEFAULT_TARGET, "alias, GGUF file, HF directory or Hugging Face Hub "
+                        "id org/repo[:QUANT] (aliases: " + ", ".join(m.alias for m in MODELS)
+                        + ")")
     dtype: str = option("auto", "activations' dtype (auto: float32 on the native quantized "
                         "kernels, else bfloat16)", choices=DTYPES)
     weights: str = option("auto", "weight format (auto: a quantized GGUF file stays quantized "

@@ -1,5 +1,5 @@
-"""Turn a model name (alias, GGUF file or Hugging Face directory) into a ready decoder and its
-tokenizer.
+"""Turn a model name (alias, GGUF file, Hugging Face directory or Hub id `org/repo[:QUANT]`,
+see `hub/resolver.py`) into a ready decoder and its tokenizer.
 
 `weights="auto"` (the default) follows the source: a GGUF file whose projections are stored
 quantized stays quantized on the native kernels, int4-style (what the file stores with more
@@ -52,7 +52,8 @@ from specserve.weights.quant import (FORMATS, FOUR_BIT_SOURCE_MAX, NATIVE_LAYOUT
                                     native_weights_from_tensors, native_weights_to_tensors,
                                     projection_width, quantize_layer, quantize_linear,
                                     quantize_linears, quantize_native, super_block)
-from specserve.hub.registry import resolve_model, weights_dir
+from specserve.hub.registry import weights_dir
+from specserve.hub.resolver import resolve_model
 from specserve.models.transformer import Layer, Linear, Transformer
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,9 @@ import pytest
 from specserve.hub import registry
 from specserve.hub.registry import (
     DEFAULT_DRAFT, DEFAULT_TARGET, MODELS, CorruptModelError, DownloadError, ModelSource,
-    check_cached, download, find_source, is_downloaded, models_dir, pip_fetch,
-    resolve_model, split_source,
+    check_cached, download, find_source, is_downloaded, models_dir, pip_fetch, split_source,
 )
+from specserve.hub.resolver import resolve_model
 from specserve.paths import cache_dir
 
 NUM_PARTS = 11  # enough for part10 and part11 to sort before part2 lexically
