@@ -9,8 +9,9 @@ cross-field rules (`prompt_lookup_min <= prompt_lookup_max`, a draft model for
 Methods: `hybrid` (the default pair's: suffix drafting and, when `model` names one, a draft
 model, chosen per sequence and round by the speculation controller), `suffix` (suffix
 drafting over the request and earlier requests' outputs), `draft_model`, `ngram` (prompt
-lookup over the request). `suffix_cache_tokens` bounds the earlier outputs the suffix source
-keeps (0: this request only). `draft_vocab_size`: the draft model's head scores only the
+lookup over the request), `grammar` (only the tokens a structured output's grammar forces;
+the others draft them too unless `grammar_drafts` is false). `suffix_cache_tokens` bounds the
+earlier outputs the suffix source keeps (0: this request only). `draft_vocab_size`: the draft model's head scores only the
 lowest this many token ids and the added (special) tokens, a cheaper draft step (see
 `draft_head.py`; None: the whole vocabulary). `max_k` None: 16 for the lookup-led methods (a long match drafts
 long), 8 for `draft_model`.
@@ -41,7 +42,7 @@ from specserve.speculative.suffix import DEFAULT_CACHE_TOKENS
 
 DEFAULT_DRAFT_VOCAB = 65536  # the draft head's kept ids (see `draft_head.py`)
 
-METHODS = ("hybrid", "suffix", "draft_model", "ngram")
+METHODS = ("hybrid", "suffix", "draft_model", "ngram", "grammar")
 POLICIES = ("fixed", "acceptance_rate", "accepted_length", "heuristic", "cost_aware")
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -82,6 +83,8 @@ class SpeculativeConfig:
     draft_vocab_size: int | None = option(
         DEFAULT_DRAFT_VOCAB, "the draft head scores only the lowest this many token ids and "
         "the added tokens (None: the whole vocabulary)")
+    grammar_drafts: bool = option(True, "draft the tokens a structured output's grammar "
+                                  "forces (method grammar: those alone)")
 
     def __post_init__(self) -> None:
         self._check_method()
@@ -93,6 +96,9 @@ class SpeculativeConfig:
             raise ValueError(f"tv_budget must be in [0, 1], got {self.tv_budget!r}")
         self._set("tv_budget", budget)
         require_bool("bonus_token", self.bonus_token)
+        require_bool("grammar_drafts", self.grammar_drafts)
+        if self.method == "grammar" and not self.grammar_drafts:
+            raise ValueError("grammar_drafts must be true for method 'grammar'")
         _check_choice("draft_policy", self.draft_policy, POLICIES)
         max_k = (8 if self.method == "draft_model" else MAX_SPECULATIVE_TOKENS) \
             if self.max_k is None else self.max_k

@@ -268,7 +268,8 @@ class SpeculationController:
         continuing after it (cut where the grammar would refuse it)."""
         limit = room if st.fixed_k is None else min(room, st.fixed_k)
         grammar = seq.grammar
-        st.forced = grammar.forced(limit) if grammar is not None else []
+        drafts = grammar is not None and self.config.grammar_drafts
+        st.forced = grammar.forced(limit) if drafts else []
         cand = NO_CANDIDATE
         if self.lookup is not None and limit > len(st.forced):
             cand = self.lookup.candidate(seq, limit - len(st.forced), st.forced)

@@ -84,12 +84,13 @@ def sample_outputs(engine: LLMEngine, spec, samples: int, seed: int) -> Counter:
     return Counter(tuple(o.outputs[0].token_ids) for o in toy.run_all(engine))
 
 
-@pytest.mark.parametrize("method,k", [("hybrid", 3), ("draft_model", 4), ("suffix", 2)])
+@pytest.mark.parametrize("method,k", [("hybrid", 3), ("draft_model", 4), ("suffix", 2),
+                                      ("grammar", 4)])
 def test_speculative_constrained_decoding_follows_the_constrained_target_law(method, k):
     """Draft model (its own proposals masked alike), lookup and grammar sources, batched:
     the outputs follow the law of constrained target-only decoding exactly (χ², fixed seed)."""
     P, Q = toy.random_table(V, seed=3), toy.random_table(V, seed=4, concentration=0.3)
-    engine = grammar_engine(P, Q if method != "suffix" else None, k, method)
+    engine = grammar_engine(P, Q if method in ("hybrid", "draft_model") else None, k, method)
     spec = StructuredOutputsParams(regex=REGEX)
     counts = sample_outputs(engine, spec, SAMPLES, seed=11)
     law = constrained_law(P, engine.grammars.compile(spec), first=1, n=N)
