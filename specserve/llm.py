@@ -203,3 +203,11 @@ class LLM:
     def reset_prefix_cache(self) -> int:
         """Forget the cached prompt prefixes (the next request prefills from scratch)."""
         return self.engine.reset_prefix_cache()
+
+    def clear_caches(self) -> None:
+        """Forget the cached prompt prefixes and the earlier outputs the suffix drafter
+        keeps: the next request is served as by a fresh engine (benchmarks use it so that
+        no call drafts from another's answer)."""
+        self.engine.reset_prefix_cache()
+        if self.engine.spec is not None:
+            self.engine.spec.clear_cache()
