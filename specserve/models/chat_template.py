@@ -155,11 +155,13 @@ def strings(value: object):
 class ClientText:
     """Placeholders that carry client strings through one rendering of a template.
 
-    `mark` replaces each non-empty message content by `\\ue000<nonce>:<i>\\ue001` and every
+    `mark` replaces each non-empty message content by `\\ue000<nonce>:<i>\\n\\ue001` and every
     special token's text in any other client string by `\\ue000<nonce>:s<j>\\ue001`; `split`
     cuts the rendered text into template text and client text. It returns None where the
     template changed a placeholder on its way through (content rendered other than once, a
-    placeholder transformed or escaped), so that the caller can fall back.
+    placeholder transformed, or a content escaped: the newline in its placeholder would not
+    come through `tojson`), so that the caller can fall back. The special tokens' texts hold
+    nothing JSON escapes, so theirs may pass through `tojson` (tool arguments do).
     """
 
     def __init__(self, specials: list[str]) -> None:
@@ -175,7 +177,7 @@ class ClientText:
             copy = {k: self._special(v) for k, v in m.items() if k != "content"}
             content = m.get("content")
             if isinstance(content, str) and content:
-                copy["content"] = f"\ue000{self.nonce}:{i}\ue001"
+                copy["content"] = f"\ue000{self.nonce}:{i}\n\ue001"
                 self._marked.append(i)
             else:
                 copy["content"] = content
@@ -184,8 +186,8 @@ class ClientText:
 
     def split(self, rendered: str, messages: list[dict]) -> list[tuple[str, bool]] | None:
         """(text, is_client_text) pieces of `rendered`, or None (see the class doc)."""
-        parts = re.split(f"\ue000{self.nonce}:(s?\\d+)\ue001", rendered)
-        contents = sorted(int(p) for p in parts[1::2] if not p.startswith("s"))
+        parts = re.split(f"\ue000{self.nonce}:(\\d+\n|s\\d+)\ue001", rendered)
+        contents = sorted(int(p) for p in parts[1::2] if p.endswith("\n"))
         if contents != self._marked or any(self.nonce in p for p in parts[::2]):
             return None
         pieces = []

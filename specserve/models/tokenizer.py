@@ -23,6 +23,7 @@ template is kept with the tokenizer.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import re
@@ -95,11 +96,27 @@ class Tokenizer:
                              messages)
         if pieces is None:  # the template changed client text on its way through
             return self._chat_as_one_text(messages, add_generation_prompt, tools, extra)
-        ids: list[int] = []
-        for text, client in pieces:
-            if text:
-                ids += self._pieces(text, parse_special=not client)
-        return self._with_bos(ids)
+        return self._with_bos(self._encode_pieces(pieces))
+
+    def _encode_pieces(self, pieces: list[tuple[str, bool]]) -> list[int]:
+        """Template text with its special tokens, client text as text. The whole text is
+        encoded at once (as the model saw its training chats) unless a special token of that
+        encoding touches client text; then each piece is encoded on its own."""
+        encoding = self.backend.encode("".join(text for text, _ in pieces), add_special_tokens=False)
+        client, at = [], 0
+        for text, is_client in pieces:
+            if is_client and text:
+                client.append((at, at + len(text)))
+            at += len(text)
+        starts = [a for a, _ in client]
+        for token, (a, b) in zip(encoding.ids, encoding.offsets):
+            k = bisect.bisect_right(starts, b - 1) - 1  # the last client span starting before b
+            if token in self._special_ids and k >= 0 and client[k][1] > a:
+                break
+        else:
+            return encoding.ids
+        return [t for text, is_client in pieces if text
+                for t in self._pieces(text, parse_special=not is_client)]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -117,6 +134,10 @@ class Tokenizer:
         """The text of every special (control) token."""
         return [t.content for t in self.backend.get_added_tokens_decoder().values()
                 if t.special and t.content]
+
+    @functools.cached_property
+    def _special_ids(self) -> frozenset[int]:
+        return frozenset(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
 
     @functools.cached_property
     def _template(self) -> jinja2.Template:

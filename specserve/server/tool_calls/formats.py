@@ -209,7 +209,9 @@ def whole_call(text: str, keys: tuple[str, ...]) -> tuple[str, str] | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
         return None
     key = next((k.strip('"') for k in keys if k.strip('"') in value), None)
-    arguments = value[key] if key is not None else {}
+    if key is None:  # e.g. a package.json: {"name": ..., "version": ...}
+        return None
+    arguments = value[key]
     if isinstance(arguments, str):
         arguments = _json(arguments)
     if not isinstance(arguments, dict):
