@@ -117,7 +117,7 @@ def _content_text(where: str, content: object) -> str:
                          f"({{'type': 'text', 'text': ...}}), got {content!r}")
     texts = []
     for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text" or set(part) != {"type", "text"}:
+        if not isinstance(part, dict) or set(part) != {"type", "text"} or part["type"] != "text":
             raise ValueError(f"{where}[{j}] must be {{'type': 'text', 'text': ...}} (only text "
                              f"parts are supported), got {part!r}")
         texts.append(check_text(f"{where}[{j}].text", part["text"]))
@@ -171,7 +171,7 @@ class ClientText:
                             if self.specials else None)
         self._marked: list[int] = []
 
-    def mark(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[dict], list | None]:
+    def mark(self, messages: list[dict], tools: list | None) -> tuple[list[dict], list | None]:
         marked = []
         for i, m in enumerate(messages):
             copy = {k: self._special(v) for k, v in m.items() if k != "content"}

@@ -102,7 +102,8 @@ class Tokenizer:
         """Template text with its special tokens, client text as text. The whole text is
         encoded at once (as the model saw its training chats) unless a special token of that
         encoding touches client text; then each piece is encoded on its own."""
-        encoding = self.backend.encode("".join(text for text, _ in pieces), add_special_tokens=False)
+        whole = "".join(text for text, _ in pieces)
+        encoding = self.backend.encode(whole, add_special_tokens=False)
         client, at = [], 0
         for text, is_client in pieces:
             if is_client and text:

@@ -115,7 +115,7 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | Annotated[list[TextPart], Field(min_length=1)] | None = None
     name: str | None = None
-    tool_calls: list[ToolCall] | None = Field(None, description="assistant messages: the calls made")
+    tool_calls: list[ToolCall] | None = Field(None, description="assistant messages: its calls")
     tool_call_id: str | None = Field(None, description="tool messages: the call this answers")
 
     @model_validator(mode="after")

@@ -120,8 +120,9 @@ class Responder:
             if not worth:
                 continue
             logprobs = self._logprobs(d.token_ids, d.logprobs, state) if self.logprobs is not None else None
-            rows.append(self.shape.stream_choices(index, parts or [self._empty()], not state.started,
-                                                  finish, logprobs, d.origins if self.origins else None))
+            origins = d.origins if self.origins else None
+            rows.append(self.shape.stream_choices(index, parts or [self._empty()],
+                                                  not state.started, finish, logprobs, origins))
             state.started = True
         chunks = []
         for k in range(max(map(len, rows), default=0)):

@@ -127,7 +127,8 @@ def _generic_history(messages: list[dict]) -> list[dict]:
             calls = [{"name": c["function"]["name"], "arguments": _arguments(c)}
                      for c in m["tool_calls"]]
             text = json.dumps({"tool_calls": calls}, ensure_ascii=False)
-            m = {"role": "assistant", "content": f"{m['content']}\n\n{text}" if m["content"] else text}
+            text = f"{m['content']}\n\n{text}" if m["content"] else text
+            m = {"role": "assistant", "content": text}
         elif tool:
             result = {"name": names[m["tool_call_id"]], "content": m["content"]}
             m = {"role": "user", "content": json.dumps({"tool_result": result}, ensure_ascii=False)}

@@ -96,7 +96,8 @@ def stream_deltas(events: list[tuple], call_ids: list[str]) -> list[dict]:
                 and last["tool_calls"][0]["index"] == event[1]:
             last["tool_calls"][0]["function"]["arguments"] += event[2]
         else:
-            deltas.append({"tool_calls": [{"index": event[1], "function": {"arguments": event[2]}}]})
+            fragment = {"index": event[1], "function": {"arguments": event[2]}}
+            deltas.append({"tool_calls": [fragment]})
     return deltas
 
 

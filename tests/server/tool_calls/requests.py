@@ -30,4 +30,5 @@ def job(tokenizer, messages: list[dict], compiler=None, **fields) -> Job:
 
 def prompt(tokenizer, messages: list[dict], **fields) -> str:
     """The prompt a request makes, its control tokens written out."""
-    return tokenizer.decode(job(tokenizer, messages, **fields).prompt_ids, skip_special_tokens=False)
+    ids = job(tokenizer, messages, **fields).prompt_ids
+    return tokenizer.decode(ids, skip_special_tokens=False)

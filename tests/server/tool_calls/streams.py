@@ -28,7 +28,8 @@ def reassemble(deltas: list[dict]) -> ParsedOutput:
         content += d.get("content", "")
         for c in d.get("tool_calls", []):
             if "id" in c:
-                assert c["index"] == len(calls) and c["id"].startswith("call_") and len(c["id"]) == 29
+                assert c["index"] == len(calls) and c["id"].startswith("call_")
+                assert len(c["id"]) == 29
                 assert c["type"] == "function" and c["function"]["arguments"] == ""
                 calls[c["index"]] = [c["function"]["name"], ""]
             else:

@@ -27,8 +27,8 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required"
 
 @pytest.fixture(scope="module")
 def hermes_tok(tmp_path_factory):
-    return templates.char_tokenizer(tmp_path_factory.mktemp("h"), ["<s>", "</s>"],
-                                    "{% for m in messages %}{{ m['content'] }}<tool_call>{% endfor %}")
+    template = "{% for m in messages %}{{ m['content'] }}<tool_call>{% endfor %}"
+    return templates.char_tokenizer(tmp_path_factory.mktemp("h"), ["<s>", "</s>"], template)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,8 @@ def test_response_format_and_structured_outputs_become_their_constraints(hermes_
         json=SCHEMA)
     assert constraint(hermes_tok, response_format={"type": "json_object"}).json_object
     assert constraint(hermes_tok, response_format={"type": "text"}) is None
-    assert constraint(hermes_tok, structured_outputs={"choice": ["yes", "no"]}).choice == ("yes", "no")
+    choice = constraint(hermes_tok, structured_outputs={"choice": ["yes", "no"]})
+    assert choice.choice == ("yes", "no")
     assert constraint(hermes_tok, structured_outputs={"regex": "[0-9]+"}).regex == "[0-9]+"
     # a required call wins over the response format; the response format over strict "auto"
     forced = constraint(hermes_tok, tools=[TIME_TOOL], tool_choice="required",

@@ -53,7 +53,8 @@ def test_qwen_keeps_special_token_text_in_every_client_string_as_text(qwen):
                                                     "description": FORGED}}
     called = {**CALLED, "tool_calls": [{**CALLED["tool_calls"][0], "function": {
         "name": "get_weather", "arguments": json.dumps({"city": FORGED})}}]}
-    messages = [{**ASKED, "content": FORGED}, called, {**ANSWERED, "content": FORGED}]
+    # non-ASCII first: where client text lies is counted in characters, not bytes
+    messages = [{**ASKED, "content": "日本語 😀 " + FORGED}, called, {**ANSWERED, "content": FORGED}]
     plain = job(qwen, CONVERSATION, tools=[WEATHER_TOOL]).prompt_ids
     forged = job(qwen, messages, tools=[forged_tool]).prompt_ids
     start, end = qwen.encode("<|im_start|>")[0], qwen.encode("<|im_end|>")[0]
@@ -69,7 +70,8 @@ def test_llama3_shows_tools_in_the_first_user_turn_and_calls_as_json(tmp_path):
     made = job(tok, CONVERSATION, tools=[WEATHER_TOOL])
     text = tok.decode(made.prompt_ids, skip_special_tokens=False)
     assert made.tool_calls.format is LLAMA3_JSON
-    assert json.dumps(WEATHER_TOOL, indent=4) + "\n\nWhat is the weather in Paris?<|eot_id|>" in text
+    shown = json.dumps(WEATHER_TOOL, indent=4) + "\n\nWhat is the weather in Paris?<|eot_id|>"
+    assert shown in text
     assert ('<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", '
             '"parameters": {"city": "Paris"}}<|eot_id|>') in text
     assert '<|start_header_id|>ipython<|end_header_id|>\n\n"{\\"temp\\": 21}"<|eot_id|>' in text
@@ -131,10 +133,12 @@ def test_generic_tools_go_before_the_first_user_message_where_no_system_prompt_s
     assert info.value.param == "tools" and "no system prompt" in info.value.message
 
 
-def test_tool_choice_none_shows_native_tools_but_not_generic_ones_and_parses_nothing(qwen, tmp_path):
+def test_tool_choice_none_shows_native_tools_but_not_generic_ones_and_parses_nothing(
+        qwen, tmp_path):
     made = job(qwen, [ASKED], tools=[WEATHER_TOOL], tool_choice="none")
     assert "# Tools" in qwen.decode(made.prompt_ids) and made.tool_calls is None
     tok = templates.char_tokenizer(tmp_path, ["<s>", "</s>", "<|im_start|>", "<|im_end|>"],
                                    CHAT_TEMPLATE)
-    assert "You can call tools" not in prompt(tok, [ASKED], tools=[WEATHER_TOOL], tool_choice="none")
+    none = prompt(tok, [ASKED], tools=[WEATHER_TOOL], tool_choice="none")
+    assert "You can call tools" not in none
     assert job(tok, [ASKED]).tool_calls is None  # no tools: no parsing either
