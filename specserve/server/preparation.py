@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from specserve.engine.outputs import SpeculationOverride
@@ -33,7 +33,6 @@ from specserve.server.tool_calls.constraints import (Constraint, chat_constraint
                                                      completion_constraint)
 from specserve.server.tool_calls.conversation import choice_of, template_inputs
 from specserve.server.tool_calls.parser import ToolParsing
-
 
 
 class GrammarCompiler(Protocol):
@@ -91,6 +90,7 @@ def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLim
         constraint = chat_constraint(req, tools.format, choice)
     except ValueError as e:
         raise field_error(e) from e
+    grammar = compiled(constraint, compiler)
     texts = [m["content"] or "" for m in inputs.messages]
     check_chars(sum(map(len, texts)) + len(json.dumps(inputs.tools or [])), "messages", server)
     try:
@@ -105,7 +105,7 @@ def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLim
     parsing = None if choice == "none" else ToolParsing(
         tools.format, 1 if req.parallel_tool_calls is False else None)
     job = _job(req, ids, "messages", max_tokens, param, logprobs, limits, constraint)
-    return [_with_grammar(job, constraint, compiler, parsing)]
+    return [replace(job, tool_calls=parsing, grammar=grammar)]
 
 
 def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelLimits,
@@ -116,6 +116,7 @@ def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelL
         constraint = completion_constraint(req)
     except ValueError as e:
         raise field_error(e) from e
+    grammar = compiled(constraint, compiler)
     prompts = req.prompt
     if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
         prompts = [prompts]
@@ -129,19 +130,19 @@ def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelL
             raise APIError(400, f"prompt: token ids must be < {limits.vocab_size}", param="prompt")
         job = _job(req, ids, "prompt", req.max_tokens, "max_tokens", req.logprobs, limits,
                    constraint)
-        jobs.append(_with_grammar(job, constraint, compiler, None))
+        jobs.append(replace(job, grammar=grammar))
     return jobs
 
 
-def _with_grammar(job: Job, constraint: Constraint | None, compiler: GrammarCompiler | None,
-                  parsing: ToolParsing | None) -> Job:
-    grammar = None
-    if constraint is not None and compiler is not None:
-        try:
-            grammar = compiler.compile(constraint.params)
-        except ValueError as e:
-            raise APIError(400, f"{constraint.param}: {e}", param=constraint.param) from e
-    return Job(job.prompt_ids, job.params, job.speculation, parsing, grammar)
+def compiled(constraint: Constraint | None, compiler: GrammarCompiler | None) -> object | None:
+    """The compiler's grammar for a request's constraint (None: no constraint or no
+    compiler); a constraint it refuses is a 400 naming the field it came from."""
+    if constraint is None or compiler is None:
+        return None
+    try:
+        return compiler.compile(constraint.params)
+    except ValueError as e:
+        raise APIError(400, f"{constraint.param}: {e}", param=constraint.param) from e
 
 
 def field_error(e: ValueError) -> APIError:
