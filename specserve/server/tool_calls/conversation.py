@@ -7,6 +7,8 @@ become the 9 letters and digits its templates insist on (the same id, the same 9
 system message, or put before the first user message where the template shows no system
 prompt), earlier calls are the JSON object the model was told to write and tool results are
 user text (consecutive user turns joined, for templates that insist turns alternate).
+With tool_choice "none" a native template still gets the tools (vLLM's default; no call is
+parsed), the generic prompt is left out (it asks for calls nobody would read).
 
 Checks a client can fail (`ValueError`s naming the field): a `tool` message answering no call
 made before it, a tool name given twice, `tool_choice` naming a function not in `tools` or
