@@ -116,11 +116,15 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | list[SamplingParams] | None = None,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation (or a list of them) and generate."""
+             add_generation_prompt: bool = True, tools: list[dict] | None = None
+             ) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation (or a list of them) and generate.
+        `tools`: the OpenAI tool list, shown to the template as `tools` (the output is not
+        parsed for calls; the server does that)."""
         conversations = check_conversations(messages)
         require_bool("add_generation_prompt", add_generation_prompt)
-        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt) for c in conversations]
+        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt, tools=tools)
+                   for c in conversations]
         return self._generate(self._prepare(prompts, sampling_params))
 
     def _prepare(self, prompts, sampling_params) -> list[tuple[list[int], SamplingParams, str | None]]:

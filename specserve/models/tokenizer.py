@@ -13,34 +13,34 @@ text parts (joined with newlines), no unknown keys; an error the template itself
 
 Special tokens written as text: `encode(text, parse_special=False)` keeps `<|im_start|>` in
 `text` as the characters it is, never the control token. `encode_chat` encodes a
-conversation so that only the chat template's own control tokens are special: the template
-is rendered with a random placeholder for each message's content, the template's text is
-encoded with its special tokens and each content with none of them. A template that
-transforms content (the placeholders do not come through whole, or the real content renders
-otherwise, e.g. Gemma's `| trim`) is rendered with the real content instead; then a content
-holding a special token's text is refused, since it could not be kept as text. A
-SentencePiece tokenizer encodes the text between the template's special tokens (template text
-and contents alike) as one run, as llama.cpp encodes the rendered prompt: the space prefix
-comes once per run and pieces merge across a content's edges. The compiled template is kept
-with the tokenizer.
+conversation (and its tools) so that only the chat template's own control tokens are
+special: the template is rendered with placeholders for the client's strings
+(`chat_template.ClientText`), the template's text is encoded with its special tokens and the
+client's with none of them. A template that transforms client text (so the placeholders do
+not come through whole, e.g. Gemma's `| trim`) is rendered with the real text instead; then a
+client string holding a special token's text is refused, since it could not be kept as text.
+A SentencePiece tokenizer encodes the text between the template's special tokens (template
+text and client text alike) as one run, as llama.cpp encodes the rendered prompt. The
+compiled template is kept with the tokenizer.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import re
-import secrets
 from dataclasses import dataclass
-from datetime import datetime
 
 import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from specserve.models import spm
+from specserve.models.chat_template import (BASE_ROLES, ClientText, check_messages, check_text,
+                                            check_tools, jinja_env, strings)
+
+__all__ = ["Tokenizer", "check_text", "check_messages", "from_gguf_metadata", "from_hf_dir"]
 
 # Split patterns of the pre-tokenizers llama.cpp names in `tokenizer.ggml.pre`.
 _QWEN2_SPLIT = (
@@ -54,8 +54,6 @@ _LLAMA3_SPLIT = (
 _SPLITS = {"qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT, "llama3": _LLAMA3_SPLIT,
            "llama-bpe": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT}
 _CONTROL, _USER_DEFINED = 3, 4
-BASE_ROLES = ("system", "user", "assistant")
-MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 
 
 @dataclass(frozen=True)
@@ -89,51 +87,63 @@ class Tokenizer:
         return self._with_specials(ids)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    parse_special_in_content: bool = False, **extra) -> list[int]:
-        """Token ids of a conversation under the chat template; the content of the messages
-        is text (its special tokens' text stays text) unless `parse_special_in_content`."""
+                    parse_special_in_content: bool = False, tools: list[dict] | None = None,
+                    **extra) -> list[int]:
+        """Token ids of a conversation (and its tools) under the chat template; every client
+        string is text (its special tokens' text stays text; `chat_template.ClientText`)
+        unless `parse_special_in_content`."""
         if parse_special_in_content:
-            return self.encode(self.apply_chat_template(messages, add_generation_prompt, **extra))
-        messages = check_messages(messages, self.chat_roles)
-        nonce = secrets.token_hex(8)
-        marked = [{**m, "content": f"\ue000{nonce}:{i}\ue001"} if isinstance(m.get("content"), str)
-                  else m for i, m in enumerate(messages)]
-        rendered = self._render(marked, add_generation_prompt, extra)
-        parts = re.split(f"\ue000{nonce}:(\\d+)\ue001", rendered)
-        texts = [i for i, m in enumerate(messages) if isinstance(m.get("content"), str)]
-        if sorted(int(i) for i in parts[1::2]) != texts or "".join(
-                messages[int(p)]["content"] if k % 2 else p for k, p in enumerate(parts)
-        ) != self._render(messages, add_generation_prompt, extra):  # the template changed it
-            return self._chat_as_one_text(messages, add_generation_prompt, extra)
-        if self.pieces is not None:
-            return self._with_specials(self._runs(parts, messages))
-        ids: list[int] = []
-        for k, part in enumerate(parts):
-            if k % 2:
-                ids += self._pieces(messages[int(part)]["content"], parse_special=False)
-            elif part:
-                ids += self._pieces(part, parse_special=True)
-        return self._with_specials(ids)
+            return self.encode(self.apply_chat_template(messages, add_generation_prompt,
+                                                        tools=tools, **extra))
+        messages, tools = check_messages(messages, self.chat_roles), check_tools(tools)
+        guard = ClientText(self.special_texts)
+        marked, marked_tools = guard.mark(messages, tools)
+        pieces = guard.split(self._render(marked, add_generation_prompt, marked_tools, extra),
+                             messages)
+        if pieces is None:  # the template changed client text on its way through
+            return self._chat_as_one_text(messages, add_generation_prompt, tools, extra)
+        return self._with_specials(self._encode_pieces(pieces))
 
-    def _runs(self, parts: list[str], messages: list[dict]) -> list[int]:
-        """The ids of a rendered conversation (`parts`: template text, then a content's index,
-        alternately) where only the template's special tokens are special; the text between
-        them encoded whole, as text."""
-        specials = sorted((t.content for t in self.backend.get_added_tokens_decoder().values()
-                           if t.special), key=len, reverse=True)
+    def _encode_pieces(self, pieces: list[tuple[str, bool]]) -> list[int]:
+        """Template text with its special tokens, client text as text. The whole text is
+        encoded at once (as the model saw its training chats) unless a special token of that
+        encoding touches client text; then each piece is encoded on its own (SentencePiece:
+        each run between the template's special tokens)."""
+        whole = "".join(text for text, _ in pieces)
+        encoding = self.backend.encode(whole, add_special_tokens=False)
+        client, at = [], 0
+        for text, is_client in pieces:
+            if is_client and text:
+                client.append((at, at + len(text)))
+            at += len(text)
+        starts = [a for a, _ in client]
+        for token, (a, b) in zip(encoding.ids, encoding.offsets):
+            k = bisect.bisect_right(starts, b - 1) - 1  # the last client span starting before b
+            if token in self._special_ids and k >= 0 and client[k][1] > a:
+                break
+        else:
+            return encoding.ids
+        if self.pieces is not None:
+            return self._runs(pieces)
+        return [t for text, is_client in pieces if text
+                for t in self._pieces(text, parse_special=not is_client)]
+
+    def _runs(self, pieces: list[tuple[str, bool]]) -> list[int]:
+        """The ids of rendered pieces where only the template's special tokens are special and
+        the text between them (template and client text alike) is encoded whole, as text."""
+        specials = sorted(self.special_texts, key=len, reverse=True)
         split = re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
         ids: list[int] = []
         run: list[str] = []
-        for k, part in enumerate(parts):
-            pieces = [messages[int(part)]["content"]] if k % 2 else \
-                split.split(part) if split else [part]
-            for j, piece in enumerate(pieces):
-                if k % 2 or j % 2 == 0:
-                    run.append(piece)
+        for text, is_client in pieces:
+            parts = [text] if is_client or split is None else split.split(text)
+            for j, part in enumerate(parts):
+                if is_client or j % 2 == 0:
+                    run.append(part)
                     continue
                 if "".join(run):
                     ids += self._pieces("".join(run), parse_special=False)
-                ids.append(self.backend.token_to_id(piece))
+                ids.append(self.backend.token_to_id(part))
                 run = []
         if "".join(run):
             ids += self._pieces("".join(run), parse_special=False)
@@ -145,15 +155,26 @@ class Tokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            **extra) -> str:
+                            tools: list[dict] | None = None, **extra) -> str:
+        """The conversation as the chat template writes it (special tokens as their text)."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; use generate() with plain prompts")
         messages = check_messages(messages, self.chat_roles)
-        return self._render(messages, add_generation_prompt, extra)
+        return self._render(messages, add_generation_prompt, check_tools(tools), extra)
+
+    @functools.cached_property
+    def special_texts(self) -> list[str]:
+        """The text of every special (control) token."""
+        return [t.content for t in self.backend.get_added_tokens_decoder().values()
+                if t.special and t.content]
+
+    @functools.cached_property
+    def _special_ids(self) -> frozenset[int]:
+        return frozenset(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
 
     @functools.cached_property
     def _template(self) -> jinja2.Template:
-        return _jinja_env().from_string(self.chat_template)
+        return jinja_env().from_string(self.chat_template)
 
     def prepare(self) -> None:
         """Build what the first text-only encode would (a copy of the backend: 0.3 s for
@@ -167,9 +188,12 @@ class Tokenizer:
         plain.encode_special_tokens = True
         return plain
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool, extra: dict) -> str:
+    def _render(self, messages: list[dict], add_generation_prompt: bool, tools: list | None,
+                extra: dict) -> str:
         if not self.chat_template:
             raise ValueError("this model has no chat template; use generate() with plain prompts")
+        if tools is not None:
+            extra = {**extra, "tools": tools}
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                          **self.special_tokens, **extra)
@@ -177,15 +201,14 @@ class Tokenizer:
             raise ValueError(f"messages: the model's chat template refused them: {e}") from None
 
     def _chat_as_one_text(self, messages: list[dict], add_generation_prompt: bool,
-                          extra: dict) -> list[int]:
-        specials = [t.content for t in self.backend.get_added_tokens_decoder().values() if t.special]
-        for i, m in enumerate(messages):
-            content = m.get("content") or ""
-            found = next((t for t in specials if t and t in content), None)
+                          tools: list | None, extra: dict) -> list[int]:
+        fields = [(f"messages[{i}].{k}", v) for i, m in enumerate(messages) for k, v in m.items()]
+        for where, value in [*fields, ("tools", tools)]:
+            found = next((t for s in strings(value) for t in self.special_texts if t in s), None)
             if found is not None:
-                raise ValueError(f"messages[{i}].content holds the special token {found!r}, which "
-                                 f"this model's chat template cannot keep as text")
-        return self.encode(self._render(messages, add_generation_prompt, extra))
+                raise ValueError(f"{where} holds the special token {found!r}, which this "
+                                 f"model's chat template cannot keep as text")
+        return self.encode(self._render(messages, add_generation_prompt, tools, extra))
 
     def _pieces(self, text: str, parse_special: bool) -> list[int]:
         backend = self.backend if parse_special else self._text_backend
@@ -199,86 +222,6 @@ class Tokenizer:
         if self.add_eos_id is not None:
             ids = ids + [self.add_eos_id]
         return ids
-
-
-def check_text(field: str, text: object) -> str:
-    """Return `text` if it is a string of valid Unicode; a lone surrogate is a ValueError."""
-    if not isinstance(text, str):
-        raise ValueError(f"{field} must be a string, got {type(text).__name__}")
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(f"{field} contains a lone surrogate {text[e.start]!r} at index "
-                             f"{e.start}; text must be valid Unicode") from None
-    return text
-
-
-def check_messages(messages: object, roles: tuple[str, ...]) -> list[dict]:
-    """Validate one conversation; return it with content-part lists joined into strings.
-
-    Each message is a dict with a `role` from `roles` and a `content` that is a string or a
-    list of `{"type": "text", "text": ...}` parts; an assistant message that carries
-    `tool_calls` may have null content.
-    """
-    if not isinstance(messages, list) or not messages:
-        raise ValueError(f"messages must be a non-empty list of dicts, got {messages!r}")
-    return [_check_message(i, m, roles) for i, m in enumerate(messages)]
-
-
-def _check_message(i: int, message: object, roles: tuple[str, ...]) -> dict:
-    where = f"messages[{i}]"
-    if not isinstance(message, dict):
-        raise ValueError(f"{where} must be a dict with 'role' and 'content', got {message!r}")
-    unknown = [k for k in message if k not in MESSAGE_KEYS]
-    if unknown:
-        raise ValueError(f"{where} has unknown keys {unknown}; known: {list(MESSAGE_KEYS)}")
-    if "role" not in message:
-        raise ValueError(f"{where}.role is missing (one of {', '.join(roles)})")
-    role = message["role"]
-    if not isinstance(role, str) or role not in roles:
-        raise ValueError(f"{where}.role must be one of {', '.join(roles)} for this model's "
-                         f"chat template, got {role!r}")
-    checked = dict(message)
-    content = message.get("content")
-    if content is None and not (role == "assistant" and message.get("tool_calls")):
-        raise ValueError(f"{where}.content is missing (a string or a list of text parts)")
-    if content is not None:
-        checked["content"] = _content_text(f"{where}.content", content)
-    if "name" in message:
-        check_text(f"{where}.name", message["name"])
-    return checked
-
-
-def _content_text(where: str, content: object) -> str:
-    if isinstance(content, str):
-        return check_text(where, content)
-    if not isinstance(content, list) or not content:
-        raise ValueError(f"{where} must be a string or a non-empty list of text parts "
-                         f"({{'type': 'text', 'text': ...}}), got {content!r}")
-    texts = []
-    for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text" or set(part) != {"type", "text"}:
-            raise ValueError(f"{where}[{j}] must be {{'type': 'text', 'text': ...}} (only text "
-                             f"parts are supported), got {part!r}")
-        texts.append(check_text(f"{where}[{j}].text", part["text"]))
-    return "\n".join(texts)
-
-
-def _jinja_env() -> ImmutableSandboxedEnvironment:
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env
 
 
 def _byte_alphabet() -> set[str]:

@@ -5,8 +5,9 @@
 routes need to know about the model; it loads nothing, so tests and other front ends can build
 one around any engine. `ServerLimits`
 bounds what a request may ask for (`limits.py`); `Admission` refuses work beyond the waiting
-bound with 429 (`admission.py`). Preparing a request (template, tokenizing) runs on a worker
-thread, so a large body never holds up other streams or `/health`.
+bound with 429 (`admission.py`). Preparing a request (template, tokenizing, compiling its
+grammar with the `GrammarCompiler` given, if any) runs on a worker thread, so a large body
+never holds up other streams or `/health`.
 
 When the engine is dead (`EngineClient.dead_reason`: its thread died or a step hung; for
 replicas: none is live), every request, open or new, gets 503 `engine_dead` and `/health`
@@ -39,10 +40,13 @@ from specserve.server.errors import APIError, from_value_error, internal_error
 from specserve.server.guard import Guard
 from specserve.server.limits import ServerLimits
 from specserve.server.metrics import CONTENT_TYPE, ServerMetrics
-from specserve.server.preparation import Job, ModelLimits, chat_jobs, completion_jobs
-from specserve.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
-                                       CompletionResponse, ErrorResponse, ModelList, SamplingFields)
+from specserve.server.preparation import (GrammarCompiler, Job, ModelLimits, chat_jobs,
+                                          completion_jobs)
+from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from specserve.server.response_bodies import (ChatCompletionResponse, CompletionResponse,
+                                              ErrorResponse, ModelList)
 from specserve.server.responses import Responder, Shape
+from specserve.server.tool_calls import ToolSupport, tool_support
 from specserve.server.streams import merged, unless_disconnected, until
 
 log = logging.getLogger("specserve.server")
@@ -71,6 +75,8 @@ class ServerState:
     metrics: ServerMetrics
     bounds: ServerLimits
     admission: Admission
+    tools: ToolSupport
+    compiler: GrammarCompiler | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     accepting: bool = True
 
@@ -80,12 +86,14 @@ class ServerState:
 
 
 def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, api_key: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              bounds: ServerLimits = ServerLimits()) -> tuple[Guard, ServerState]:
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, bounds: ServerLimits = ServerLimits(),
+              compiler: GrammarCompiler | None = None) -> tuple[Guard, ServerState]:
     """The app around `engine`; `bounds`: what requests and clients may ask for (the
-    defaults of `ServerLimits` unless given)."""
+    defaults of `ServerLimits` unless given); `compiler`: checks and compiles requests'
+    structured outputs (None: they are passed on unchecked)."""
     state = ServerState(engine, tokenizer, limits, ServerMetrics(engine.stats, limits.name), bounds,
-                        Admission(limits.max_num_seqs, bounds.max_waiting, bounds.retry_after_s))
+                        Admission(limits.max_num_seqs, bounds.max_waiting, bounds.retry_after_s),
+                        tool_support(tokenizer), compiler)
     app = FastAPI(title="specserve", version="0.1.0", summary="OpenAI-compatible server with "
                   "speculative decoding (per-request settings and statistics)")
     errors.install(app)
@@ -94,7 +102,7 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
               responses={**ERRORS, 200: STREAM_DOC})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         jobs = await _prepare(state, lambda: chat_jobs(body, state.tokenizer, state.limits,
-                                                       state.bounds))
+                                                       state.bounds, state.tools, state.compiler))
         return await _generate(state, request, body, jobs, Shape(chat=True), "chatcmpl",
                                jobs[0].params.logprobs)
 
@@ -102,7 +110,7 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
               responses={**ERRORS, 200: STREAM_DOC})
     async def completions(body: CompletionRequest, request: Request) -> Response:
         jobs = await _prepare(state, lambda: completion_jobs(body, state.tokenizer, state.limits,
-                                                             state.bounds))
+                                                             state.bounds, state.compiler))
         return await _generate(state, request, body, jobs, Shape(chat=False), "cmpl", body.logprobs)
 
     @app.get("/v1/models", response_model=ModelList, responses={401: ERRORS[401]})
@@ -176,7 +184,7 @@ async def _generate(state: ServerState, request: Request, body: SamplingFields, 
     spec_on = state.limits.speculative and all(
         j.speculation is None or j.speculation.enabled for j in jobs)
     responder = Responder(shape, request_id, body.model, body.n, state.tokenizer, logprobs,
-                          body.return_token_origins, spec_on)
+                          body.return_token_origins, spec_on, jobs[0].tool_calls)
     ticket = state.admission.admit(len(jobs) * body.n)
     timeout = state.bounds.request_timeout
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
@@ -227,14 +235,13 @@ async def _stream(state: ServerState, jobs: list[Job], request_id: str, responde
     try:
         async for i, delta in _deltas(state, jobs, request_id, deadline):
             _raise_engine_error(delta.error)
-            chunk = responder.chunk(i, delta.completions, include_usage)
+            chunks = responder.chunks(i, delta.completions, include_usage)
             if delta.finished:
                 outputs[i] = delta.output
                 state.metrics.observe(delta.output)
             if all(o is not None for o in outputs):
-                for last in _last_chunks(responder, chunk, outputs, include_usage):
-                    yield sse.event(last)
-            elif chunk is not None:
+                chunks = _last_chunks(responder, chunks, outputs, include_usage)
+            for chunk in chunks:
                 yield sse.event(chunk)
     except Exception as e:  # noqa: BLE001 - headers are sent: the error goes in the stream
         yield sse.event(_failure(state, e, request_id).body())
@@ -268,9 +275,9 @@ def _dead(reason: str) -> APIError:
                     f"until it is restarted", code="engine_dead")
 
 
-def _last_chunks(responder: Responder, chunk: dict | None, outputs: list[RequestOutput],
+def _last_chunks(responder: Responder, chunks: list[dict], outputs: list[RequestOutput],
                  include_usage: bool) -> list[dict]:
-    chunks = [chunk] if chunk is not None else []
+    chunks = list(chunks)
     if include_usage:
         chunks.append(responder.usage_chunk(outputs))
     elif not chunks:

@@ -5,30 +5,55 @@ the engine sees anything, and raises an `APIError` (a 4xx with the offending fie
 The bounds of `ServerLimits` apply before any work is spent: prompts × n, n against the
 request's share of sequence slots, and the prompt text's length in characters before it is
 tokenized. The app runs these functions on a worker thread, off the event loop. Message
-content and prompt text are encoded with special tokens' text as text unless the server
-allows special tokens in prompts (`Tokenizer.encode_chat`)."""
+content, tools and prompt text are encoded with special tokens' text as text unless the
+server allows special tokens in prompts (`Tokenizer.encode_chat`).
+
+Tools and structured outputs (`tool_calls/`): the chat prompt shows the tools as the model's
+format wants them; the output's constraint becomes `SamplingParams.structured_outputs` and is
+compiled here by the server's `GrammarCompiler`, if it has one (a constraint it cannot
+compile is a 400 naming the field); a job whose output may hold tool calls says in which
+format (`Job.tool_calls`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import re
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from specserve.engine.outputs import SpeculationOverride
 from specserve.models.tokenizer import Tokenizer
 from specserve.sampling.params import SamplingParams
+from specserve.sampling.structured import StructuredOutputsParams
 from specserve.server.errors import APIError, from_value_error
 from specserve.server.limits import ServerLimits
 from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from specserve.server.tool_calls import ToolSupport, tool_support
+from specserve.server.tool_calls.constraints import (Constraint, chat_constraint,
+                                                     completion_constraint)
+from specserve.server.tool_calls.conversation import choice_of, template_inputs
+from specserve.server.tool_calls.parser import ToolParsing
 
-ROLE_ALIASES = {"developer": "system"}
+
+class GrammarCompiler(Protocol):
+    """Compiles a request's constraint for the served model's vocabulary; a constraint it
+    cannot enforce (e.g. an unsupported schema keyword) is a ValueError naming why."""
+
+    def compile(self, spec: StructuredOutputsParams) -> object: ...
 
 
 @dataclass(frozen=True)
 class Job:
-    """One prompt of an API request, ready for the engine."""
+    """One prompt of an API request, ready for the engine. `tool_calls`: read tool calls out
+    of the output in this format (None: the output is plain text); `grammar`: what the
+    server's compiler made of `params.structured_outputs` (None: no constraint or no
+    compiler)."""
 
     prompt_ids: list[int]
     params: SamplingParams
     speculation: SpeculationOverride | None
+    tool_calls: ToolParsing | None = None
+    grammar: object | None = None
 
 
 @dataclass(frozen=True)
@@ -50,27 +75,48 @@ def check_model(requested: str, limits: ModelLimits) -> None:
 
 
 def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLimits,
-              server: ServerLimits = ServerLimits()) -> list[Job]:
+              server: ServerLimits = ServerLimits(), tools: ToolSupport | None = None,
+              compiler: GrammarCompiler | None = None) -> list[Job]:
+    """The request's job; `tools`: the model's tool support (`tool_support`, computed here
+    when not given)."""
     check_model(req.model, limits)
     check_choices(1, req.n, limits, server)
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
-    messages = [{"role": ROLE_ALIASES.get(m.role, m.role), "content": m.text()} for m in req.messages]
-    check_chars(sum(len(m["content"]) for m in messages), "messages", server)
+    tools = tools or tool_support(tokenizer)
+    choice = choice_of(req)
     try:
-        ids = tokenizer.encode_chat(messages, add_generation_prompt=True,
-                                    parse_special_in_content=server.special_tokens_in_prompts)
+        inputs = template_inputs(req, tools.format, tools.system_shown)
+        constraint = chat_constraint(req, tools.format, choice)
+    except ValueError as e:
+        raise field_error(e) from e
+    grammar = compiled(constraint, compiler)
+    texts = [m["content"] or "" for m in inputs.messages]
+    check_chars(sum(map(len, texts)) + len(json.dumps(inputs.tools or [])), "messages", server)
+    try:
+        ids = tokenizer.encode_chat(inputs.messages, add_generation_prompt=True,
+                                    parse_special_in_content=server.special_tokens_in_prompts,
+                                    tools=inputs.tools)
     except Exception as e:  # a template may refuse a conversation (e.g. roles out of order)
         raise APIError(400, f"messages: the chat template refused them: {e}", param="messages") from e
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    return [_job(req, ids, "messages", max_tokens, param, logprobs, limits)]
+    parsing = None if choice == "none" else ToolParsing(
+        tools.format, 1 if req.parallel_tool_calls is False else None)
+    job = _job(req, ids, "messages", max_tokens, param, logprobs, limits, constraint)
+    return [replace(job, tool_calls=parsing, grammar=grammar)]
 
 
 def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelLimits,
-                    server: ServerLimits = ServerLimits()) -> list[Job]:
+                    server: ServerLimits = ServerLimits(),
+                    compiler: GrammarCompiler | None = None) -> list[Job]:
     check_model(req.model, limits)
+    try:
+        constraint = completion_constraint(req)
+    except ValueError as e:
+        raise field_error(e) from e
+    grammar = compiled(constraint, compiler)
     prompts = req.prompt
     if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
         prompts = [prompts]
@@ -82,8 +128,27 @@ def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelL
                if isinstance(prompt, str) else list(prompt))
         if any(t >= limits.vocab_size for t in ids):
             raise APIError(400, f"prompt: token ids must be < {limits.vocab_size}", param="prompt")
-        jobs.append(_job(req, ids, "prompt", req.max_tokens, "max_tokens", req.logprobs, limits))
+        job = _job(req, ids, "prompt", req.max_tokens, "max_tokens", req.logprobs, limits,
+                   constraint)
+        jobs.append(replace(job, grammar=grammar))
     return jobs
+
+
+def compiled(constraint: Constraint | None, compiler: GrammarCompiler | None) -> object | None:
+    """The compiler's grammar for a request's constraint (None: no constraint or no
+    compiler); a constraint it refuses is a 400 naming the field it came from."""
+    if constraint is None or compiler is None:
+        return None
+    try:
+        return compiler.compile(constraint.params)
+    except ValueError as e:
+        raise APIError(400, f"{constraint.param}: {e}", param=constraint.param) from e
+
+
+def field_error(e: ValueError) -> APIError:
+    """A 400 for a `ValueError` whose message starts with the field's path."""
+    field = re.match(r"[a-z_]+", str(e))
+    return APIError(400, str(e), param=field.group() if field else None)
 
 
 def check_choices(prompts: int, n: int, limits: ModelLimits, server: ServerLimits) -> None:
@@ -111,7 +176,8 @@ def _encode(tokenizer: Tokenizer, text: str, param: str, parse_special: bool) ->
 
 
 def _job(req: SamplingFields, ids: list[int], prompt_param: str, max_tokens: int | None,
-         max_param: str, logprobs: int | None, limits: ModelLimits) -> Job:
+         max_param: str, logprobs: int | None, limits: ModelLimits,
+         constraint: Constraint | None = None) -> Job:
     ctx = limits.max_model_len
     if not ids:
         raise APIError(400, f"{prompt_param}: the prompt is empty", param=prompt_param)
@@ -131,7 +197,8 @@ def _job(req: SamplingFields, ids: list[int], prompt_param: str, max_tokens: int
             repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty, seed=req.seed, max_tokens=max_tokens,
             stop=req.stop, stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos,
-            logprobs=logprobs, **lossy_fields(req))
+            logprobs=logprobs, **lossy_fields(req),
+            structured_outputs=constraint.params if constraint is not None else None)
     except ValueError as e:
         raise from_value_error(e) from e
     return Job(ids, params, speculation_override(req, limits))

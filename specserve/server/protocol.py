@@ -12,21 +12,25 @@ plus vLLM's sampling extras (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos
 - `return_token_origins`: `true` adds `origins` (one of plain / accepted / recovered / bonus
   per token) to every choice and stream delta.
 
-Every response, and the last chunk of every stream, carries `speculative_stats`.
+Agents' fields, in OpenAI's shapes: `tools`, `tool_choice`, `parallel_tool_calls`,
+`response_format`, assistant messages with `tool_calls` (content may be null) and `tool`
+messages with `tool_call_id`; vLLM's `structured_outputs` (`json`, `regex`, `choice` or
+`json_object`) on both endpoints. The response bodies are in `response_bodies.py`.
 Unknown fields are refused (400), as the OpenAI API does, so a typo never passes silently;
 types are strict (no "1.5" for a number, no 1 for a bool).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specserve.sampling.params import MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
 from specserve.speculative.config import MAX_SPECULATIVE_TOKENS
 
 INT64 = 2**63
+MAX_TOOLS = 128  # OpenAI's bound
 
 
 class _Body(BaseModel):
@@ -96,13 +100,101 @@ class TextPart(_Body):
     text: str
 
 
-class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | Annotated[list[TextPart], Field(min_length=1)]
-    name: str | None = None
+class FunctionCall(_Body):
+    name: str
+    arguments: str = Field(description="the arguments as a JSON text")
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | Annotated[list[TextPart], Field(min_length=1)] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="assistant messages: its calls")
+    tool_call_id: str | None = Field(None, description="tool messages: the call this answers")
+
+    @model_validator(mode="after")
+    def _by_role(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise ValueError("tool messages, and only they, carry tool_call_id")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content is missing (only an assistant message with tool_calls "
+                             "may have null content)")
+        return self
+
+    def text(self) -> str | None:
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+FunctionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+class FunctionDefinition(_Body):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON Schema of the arguments")
+    strict: bool | None = Field(None, description="true: arguments are held to the schema")
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
+
+
+class TextFormat(_Body):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Body):
+    type: Literal["json_object"]
+
+
+class JsonSchema(_Body):
+    model_config = ConfigDict(populate_by_name=True)
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class JsonSchemaFormat(_Body):
+    type: Literal["json_schema"]
+    json_schema: JsonSchema
+
+
+ResponseFormat = Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaFormat],
+                           Field(discriminator="type")]
+
+
+class StructuredOutputs(_Body):
+    """vLLM's `structured_outputs`: exactly one of these."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
+    json_object: bool | None = None
+    model_config = ConfigDict(populate_by_name=True)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -110,6 +202,13 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = Field(
+        None, description='"none", "auto" (the default with tools), "required" or '
+                          '{"type": "function", "function": {"name": ...}}')
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one call")
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
@@ -120,108 +219,5 @@ class CompletionRequest(SamplingFields):
                   Annotated[list[TokenIds], Field(min_length=1, max_length=16)]]
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = 16  # the OpenAI default for completions
-
-
-# ---------------------------------------------------------------------------- responses
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class Usage(_Out):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class SourceStats(_Out):
-    """What one drafting source contributed to a request."""
-
-    rounds: int
-    drafted: int
-    accepted: int
-    acceptance_rate: float | None
-
-
-class SpeculativeStats(_Out):
-    """One request's speculative decoding, summed over its `n` completions."""
-
-    enabled: bool = Field(description="whether this request was allowed to speculate")
-    rounds: int = Field(description="decoding rounds (plain decoding steps count as rounds with k = 0)")
-    drafted: int = Field(description="draft tokens proposed")
-    accepted: int = Field(description="draft tokens the target kept")
-    emitted: int = Field(description="tokens emitted by the rounds (accepted + recovered or bonus)")
-    acceptance_rate: float | None = Field(description="accepted / drafted")
-    mean_acceptance_length: float | None = Field(description="tokens emitted per round, bonus included")
-    realised_tv: float | None = Field(description="mean total variation TV(pi, p) actually spent per "
-                                                  "verified draft position (0 when lossless)")
-    per_position_acceptance: list[float] = Field(default_factory=list)
-    by_source: dict[str, SourceStats] = Field(
-        default_factory=dict, description="per drafting source (suffix, ngram, draft_model): "
-                                          "rounds it drafted, tokens drafted and accepted")
-    idle_rounds: dict[str, int] = Field(
-        default_factory=dict, description="rounds that drafted nothing, by reason: off, no_room, "
-                                          "no_match, did_not_pay, batch_limit, draft_starting, "
-                                          "backed_off")
-
-
-class ModelCard(_Out):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "specserve"
-    max_model_len: int
-
-
-class ModelList(_Out):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class ErrorInfo(_Out):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorResponse(_Out):
-    error: ErrorInfo
-
-
-class ChatResponseMessage(_Out):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(_Out):
-    index: int
-    message: ChatResponseMessage
-    finish_reason: str | None
-    logprobs: dict | None = None
-
-
-class ChatCompletionResponse(_Out):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-    speculative_stats: SpeculativeStats | None = None
-
-
-class CompletionChoice(_Out):
-    index: int
-    text: str
-    finish_reason: str | None
-    logprobs: dict | None = None
-
-
-class CompletionResponse(_Out):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage
-    speculative_stats: SpeculativeStats | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None

@@ -4,6 +4,12 @@ One API request may hold several prompts (text completions with a list of prompt
 completions each; choice `i * n + j` is completion `j` of prompt `i`. The chat and text shapes
 differ only in how a choice and its logprobs look, so one `Responder` serves both, given a
 `Shape`.
+
+A chat request whose output may hold tool calls (`ToolParsing`) has each choice's text read
+by a tool-call parser: streamed, every engine step's text goes through it and comes out as
+OpenAI deltas (`content`, `tool_calls`), one chunk per delta where a step makes several;
+whole, the same parser reads the final text. A choice that made calls and stopped on its
+own ends with finish_reason "tool_calls".
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from dataclasses import dataclass, field
 
 from specserve.engine.outputs import CompletionDelta, CompletionOutput, RequestOutput
 from specserve.models.tokenizer import Tokenizer
+from specserve.server.tool_calls.parser import (ToolCallParser, ToolParsing, new_call_id,
+                                                stream_deltas)
 from specserve.speculative.metrics import SpecMetrics
 
 
@@ -30,25 +38,40 @@ class Shape:
     def chunk_object(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
-    def stream_choice(self, index: int, text: str, first: bool, finish: str | None,
-                      logprobs: dict | None, origins: list[str] | None) -> dict:
+    def stream_choices(self, index: int, parts: list[dict], first: bool, finish: str | None,
+                       logprobs: dict | None, origins: list[str] | None) -> list[dict]:
+        """One engine step of one choice as stream choices (several where its text made
+        several deltas): the first carries the logprobs and origins, the last the finish."""
+        choices = []
+        for k, part in enumerate(parts):
+            extra = {"logprobs": logprobs, "origins": origins} if k == 0 else {"logprobs": None}
+            choices.append(self._stream_choice(index, part, first and k == 0,
+                                               finish if k == len(parts) - 1 else None, **extra))
+        return choices
+
+    def _stream_choice(self, index: int, part: dict, first: bool, finish: str | None,
+                       logprobs: dict | None, origins: list[str] | None = None) -> dict:
         if self.chat:
-            delta: dict = {"role": "assistant", "content": text} if first else {"content": text}
+            delta = {"role": "assistant", **part} if first else dict(part)
+            if first and "content" not in delta:
+                delta["content"] = None
             if origins is not None:
                 delta["origins"] = origins
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        choice = {"index": index, "text": part["content"], "logprobs": logprobs,
+                  "finish_reason": finish}
         if origins is not None:
             choice["origins"] = origins
         return choice
 
-    def final_choice(self, index: int, text: str, finish: str | None, logprobs: dict | None,
+    def final_choice(self, index: int, message: dict, finish: str | None, logprobs: dict | None,
                      origins: list[str] | None) -> dict:
         if self.chat:
-            choice = {"index": index, "message": {"role": "assistant", "content": text},
+            choice = {"index": index, "message": {"role": "assistant", **message},
                       "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+            choice = {"index": index, "text": message["content"], "logprobs": logprobs,
+                      "finish_reason": finish}
         if origins is not None:
             choice["origins"] = origins
         return choice
@@ -58,6 +81,8 @@ class Shape:
 class _ChoiceState:
     started: bool = False
     text_offset: int = 0  # characters of this choice's text so far (completions' text_offset)
+    parser: ToolCallParser | None = None
+    call_ids: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -72,6 +97,7 @@ class Responder:
     logprobs: int | None  # None: not requested; else the number of top alternatives
     origins: bool
     speculative: bool  # whether this request was allowed to speculate
+    tool_calls: ToolParsing | None = None  # chat: read tool calls out of the text this way
     created: int = field(default_factory=lambda: int(time.time()))
     _choices: dict[int, _ChoiceState] = field(default_factory=dict)
 
@@ -80,26 +106,45 @@ class Responder:
                 "choices": choices}
 
     # ---------------------------------------------------------------- streaming
-    def chunk(self, prompt_index: int, deltas: list[CompletionDelta], usage_field: bool) -> dict | None:
-        """One chunk for one engine step of one prompt (None when nothing is worth sending)."""
-        choices = []
+    def chunks(self, prompt_index: int, deltas: list[CompletionDelta],
+               usage_field: bool) -> list[dict]:
+        """The chunks of one engine step of one prompt (none when nothing is worth sending);
+        chunk k holds the k-th delta of each choice that made several."""
+        rows = []
         for d in deltas:
             index = prompt_index * self.n + d.index
             state = self._choices.setdefault(index, _ChoiceState())
-            worth = d.text or d.finish_reason or not state.started or (
+            parts, finish = self._parts(state, d)
+            worth = parts or finish or not state.started or (
                 d.token_ids and (self.logprobs is not None or self.origins))
             if not worth:
                 continue
             logprobs = self._logprobs(d.token_ids, d.logprobs, state) if self.logprobs is not None else None
-            choices.append(self.shape.stream_choice(index, d.text, not state.started, d.finish_reason,
-                                                    logprobs, d.origins if self.origins else None))
+            origins = d.origins if self.origins else None
+            rows.append(self.shape.stream_choices(index, parts or [self._empty()],
+                                                  not state.started, finish, logprobs, origins))
             state.started = True
-        if not choices:
-            return None
-        chunk = self.envelope(self.shape.chunk_object, choices)
-        if usage_field:
-            chunk["usage"] = None
-        return chunk
+        chunks = []
+        for k in range(max(map(len, rows), default=0)):
+            chunk = self.envelope(self.shape.chunk_object, [row[k] for row in rows if len(row) > k])
+            if usage_field:
+                chunk["usage"] = None
+            chunks.append(chunk)
+        return chunks
+
+    def _parts(self, state: _ChoiceState, d: CompletionDelta) -> tuple[list[dict], str | None]:
+        """The deltas of one step's text, and its finish reason."""
+        if self.tool_calls is None or not self.shape.chat:
+            return ([{"content": d.text}] if d.text else []), d.finish_reason
+        if state.parser is None:
+            state.parser = self.tool_calls.parser()
+        events = state.parser.feed(d.text) if d.text else []
+        if d.finish_reason is not None:
+            events += state.parser.finish()
+        return stream_deltas(events, state.call_ids), _finish(d.finish_reason, state.call_ids)
+
+    def _empty(self) -> dict:
+        return {} if self.tool_calls is not None and self.shape.chat else {"content": ""}
 
     def usage_chunk(self, outputs: list[RequestOutput]) -> dict:
         chunk = self.envelope(self.shape.chunk_object, [])
@@ -115,12 +160,25 @@ class Responder:
                 logprobs = (self._logprobs(c.token_ids, c.logprobs, state)
                             if self.logprobs is not None else None)
                 origins = list(c.origins or []) if self.origins else None
-                choices.append(self.shape.final_choice(p * self.n + c.index, c.text, c.finish_reason,
+                message, finish = self._message(c)
+                choices.append(self.shape.final_choice(p * self.n + c.index, message, finish,
                                                        logprobs, origins))
         body = self.envelope(self.shape.object, choices)
         body["usage"] = usage(outputs)
         body["speculative_stats"] = self.stats(outputs)
         return body
+
+    def _message(self, c: CompletionOutput) -> tuple[dict, str | None]:
+        if self.tool_calls is None or not self.shape.chat:
+            return {"content": c.text}, c.finish_reason
+        parsed = self.tool_calls.parse(c.text)
+        calls = [{"id": new_call_id(), "type": "function",
+                  "function": {"name": name, "arguments": arguments}}
+                 for name, arguments in parsed.calls]
+        if not calls:
+            return {"content": parsed.content}, c.finish_reason
+        message = {"content": parsed.content or None, "tool_calls": calls}
+        return message, _finish(c.finish_reason, calls)
 
     def stats(self, outputs: list[RequestOutput]) -> dict:
         return speculative_stats([c for out in outputs for c in out.outputs], self.speculative)
@@ -149,6 +207,11 @@ class Responder:
 
     def _piece(self, token: int) -> str:
         return self.tokenizer.decode([token], skip_special_tokens=False)
+
+
+def _finish(reason: str | None, calls: list) -> str | None:
+    """A choice that made calls and stopped on its own stopped to have them run."""
+    return "tool_calls" if calls and reason == "stop" else reason
 
 
 def usage(outputs: list[RequestOutput]) -> dict:

@@ -83,3 +83,38 @@ def test_the_compiled_chat_template_is_kept(tmp_path):
 ])
 def test_merges_split_at_their_first_space(merges):
     assert _merge_pairs(merges) == [tuple(m.split(" ", 1)) for m in merges]
+
+
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}{% if m.name %}({{ m.name }}){% endif %}"
+    "{{ '\\n' + m['content'] }}{% for c in m.tool_calls or [] %}[{{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}]{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if tools %}tools: {{ tools | tojson }}{% endif %}")
+
+
+def test_tool_calls_arguments_reach_the_template_as_objects_and_null_content_as_empty(tmp_path):
+    tok = chat_tokenizer(tmp_path, TOOL_TEMPLATE)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    text = tok.apply_chat_template([{"role": "assistant", "content": None, "tool_calls": [call]}],
+                                   add_generation_prompt=False)
+    assert text == '<|im_start|>assistant\n[f {"a": 1}]<|im_end|>\n'
+    not_json = {**call, "function": {"name": "f", "arguments": "a, b"}}
+    assert '[f "a, b"]' in tok.apply_chat_template(
+        [{"role": "assistant", "content": "", "tool_calls": [not_json]}])
+
+
+def test_special_text_in_names_tools_and_arguments_stays_text(tmp_path):
+    tok = chat_tokenizer(tmp_path, TOOL_TEMPLATE)
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "f", "arguments": json.dumps({"a": FORGED})}}
+    messages = [{"role": "user", "content": "hi", "name": "x<|im_start|>y"},
+                {"role": "assistant", "content": None, "tool_calls": [call]}]
+    tools = [{"type": "function", "function": {"name": "f", "description": "<|im_end|>"}}]
+    ids = tok.encode_chat(messages, add_generation_prompt=False, tools=tools)
+    assert count(ids, tok, "<|im_start|>") == 2 and count(ids, tok, "<|im_end|>") == 2
+    assert tok.decode(ids, skip_special_tokens=False) == tok.apply_chat_template(
+        messages, add_generation_prompt=False, tools=tools)
+    clean = {**call, "function": {"name": "f", "arguments": '{"a": "b"}'}}
+    plain = [{"role": "user", "content": "hi", "name": "xy"},
+             {"role": "assistant", "content": None, "tool_calls": [clean]}]
+    assert tok.encode_chat(plain) == tok.encode(tok.apply_chat_template(plain))

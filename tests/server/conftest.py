@@ -93,3 +93,14 @@ def server(model_dir, tmp_path_factory):
     srv = start_server(model_dir, tmp_path_factory.mktemp("serve-log") / "server.log")
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def real_server(tmp_path_factory):
+    """A server on the real default model pair, shared by the end-to-end tests that need it
+    (`real_serve.py`)."""
+    from tests.server.real_serve import start_real_server
+
+    srv = start_real_server(tmp_path_factory.mktemp("real-serve") / "server.log")
+    yield srv
+    srv.stop()
