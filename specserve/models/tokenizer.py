@@ -100,7 +100,9 @@ class Tokenizer:
         marked, marked_tools = guard.mark(messages, tools)
         pieces = guard.split(self._render(marked, add_generation_prompt, marked_tools, extra),
                              messages)
-        if pieces is None:  # the template changed client text on its way through
+        if pieces is None or "".join(text for text, _ in pieces) != self._render(
+                messages, add_generation_prompt, tools, extra):  # the template changed client
+            # text on its way through (e.g. trimmed it, which a placeholder does not show)
             return self._chat_as_one_text(messages, add_generation_prompt, tools, extra)
         return self._with_specials(self._encode_pieces(pieces))
 

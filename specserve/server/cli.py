@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import threading
 import time
 
 from specserve import default_speculation
@@ -68,8 +69,11 @@ def cmd_serve(args) -> int:
     limits = ModelLimits(server.served_model_name or str(config.load.model),
                          llm.engine.config.max_model_len, llm.target.config.vocab_size,
                          llm.spec is not None, config.engine.max_num_seqs)
+    # the engine's grammar compiler, built ahead of the first structured request (seconds for a
+    # large vocabulary); requests are compiled on the preparation thread into its cache
+    threading.Thread(target=llm.engine.grammars.warm, daemon=True).start()
     app, state = build_app(engine, llm.tokenizer, limits, server.api_key, server.max_request_bytes,
-                           server.limits())
+                           server.limits(), compiler=llm.engine.grammars)
     try:
         asyncio.run(run_app(app, state, server))
     finally:

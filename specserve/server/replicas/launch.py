@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from specserve.config import LLMConfig
+from specserve.sampling.grammar import LazyGrammarCompiler
 from specserve.server.config import ServerConfig
 
 log = logging.getLogger("specserve.server")
@@ -93,8 +95,10 @@ def serve_replicas(args: ServerConfig, config: LLMConfig) -> int:
                              model["vocab_size"], model["speculative"],
                              config.engine.max_num_seqs * args.replicas)  # the pool's slots
         pool = ReplicaPool(handle, board)
+        grammars = LazyGrammarCompiler(model["tokenizer"], model["vocab_size"])  # checks only:
+        threading.Thread(target=grammars.warm, daemon=True).start()  # each replica compiles
         app, state = build_app(pool, model["tokenizer"], limits, args.api_key, args.max_request_bytes,
-                               args.limits())
+                               args.limits(), compiler=grammars)
         state.metrics.registry.register(ReplicaCollector(pool, limits.name))
         asyncio.run(run_app(app, state, args))
     finally:
