@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from specserve.engine.block_manager import BlockManager, BlockTable
+from specserve.models.hybrid import pick_logits
 from specserve.models.kv_cache import DEFAULT_BLOCK_SIZE
 from specserve.models.transformer import ForwardBatch
 
@@ -54,6 +55,17 @@ class ModelRunner:
             if self.head is None:
                 return self.model.forward(batch, self.cache, last_n)
             return self.model.forward(batch, self.cache, last_n, head=self.head)
+
+    def forward_hidden(self, rows: list[list[int]], starts: list[int], tables: list[BlockTable],
+                       last_n: list[int] | None = None
+                       ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """As `forward`, and the final normalised hidden states `[len(rows[i]), hidden]` of
+        every row (what a model's own multi-token-prediction head drafts from)."""
+        batch = ForwardBatch.paged(rows, starts, [t.blocks for t in tables], tables)
+        with torch.inference_mode():
+            hidden = self.model.hidden_states(batch, self.cache)  # [total rows, hidden]
+            logits = pick_logits(self.model, hidden, batch.lengths, last_n, self.head)
+        return logits, list(hidden.split(batch.lengths))
 
 
 DEFAULT_KV_FRACTION = 0.4  # of the memory available when the engine starts

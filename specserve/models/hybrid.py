@@ -93,8 +93,9 @@ class HybridModel:
     the same interface as `Transformer` (`new_pool`, `forward`, `logits`, ...)."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor],
-                 state_history: int = DEFAULT_STATE_HISTORY) -> None:
-        self.cfg, self.state_history = cfg, state_history
+                 state_history: int = DEFAULT_STATE_HISTORY, mtp=None) -> None:
+        """`mtp`: the checkpoint's multi-token-prediction head (`mtp_head.MTPHead`), if any."""
+        self.cfg, self.state_history, self.mtp = cfg, state_history, mtp
         self.embed = weights["model.embed_tokens.weight"]  # [vocab, hidden]
         self.norm = weights["model.norm.weight"]
         head = weights.get("lm_head.weight")
