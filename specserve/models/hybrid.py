@@ -127,7 +127,7 @@ class HybridModel:
         if self.recurrent:
             states = RecurrentStates(len(self.cfg.linear_layers),
                                      (la.conv_dim, la.conv_kernel - 1),
-                                     (la.num_v_heads, la.k_head_dim, la.v_head_dim),
+                                     (la.num_v_heads, la.v_head_dim, la.k_head_dim),
                                      self.state_history)
         return HybridCache(self._geometry(), num_blocks, block_size, dtype, states)
 

@@ -1,7 +1,7 @@
 """Per-sequence state of the linear-attention layers, with snapshots that make rollback free.
 
-A Gated DeltaNet layer carries, per sequence, a recurrent state `[v_heads, k_head_dim,
-v_head_dim]` and a convolution state `[conv_dim, kernel - 1]` (its last inputs). The engine
+A Gated DeltaNet layer carries, per sequence, a recurrent state `[v_heads, v_head_dim,
+k_head_dim]` (Sᵀ) and a convolution state `[conv_dim, kernel - 1]` (its last inputs). The engine
 rolls a KV cache back by arithmetic: a sequence's next pass starts at its `num_cached`, and
 what rejected drafts wrote is overwritten later. The same contract holds here: each sequence
 keeps the states *after* each of its newest positions (snapshots, at most `history` of them),
@@ -30,7 +30,7 @@ class Snapshots:
 
     first: int
     conv: list[torch.Tensor]  # per linear layer [n, conv_dim, kernel - 1]
-    ssm: list[torch.Tensor]  # per linear layer [n, v_heads, k_head_dim, v_head_dim]
+    ssm: list[torch.Tensor]  # per linear layer [n, v_heads, v_head_dim, k_head_dim]
 
     @property
     def count(self) -> int:
@@ -65,7 +65,7 @@ class RecurrentStates:
         return range(0) if snaps is None else range(snaps.first, snaps.first + snaps.count)
 
     def initial(self, key: object, start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per linear layer, (conv `[conv_dim, kernel - 1]`, ssm `[v_heads, dk, dv]`): the
+        """Per linear layer, (conv `[conv_dim, kernel - 1]`, ssm `[v_heads, dv, dk]`): the
         states after tokens [0, start) of `key` (zeros at 0)."""
         if start == 0:
             return [(torch.zeros(self.conv_shape, dtype=STATE_DTYPE),
