@@ -37,7 +37,7 @@ def qwen35(tmp_path_factory):
         return load_model(hybrid_tiny.save(model, d / name), "float32", weights="float32")
 
     return (load(hybrid_tiny.build("qwen35", 0), "t"), load(hybrid_tiny.build("qwen35", 1), "o"),
-            load(perturbed("qwen35", 0, 0.02), "p"))
+            load(perturbed("qwen35", 0, 0.003), "p"))
 
 
 def specs(models) -> dict[str, tuple[dict, object]]:
@@ -96,3 +96,17 @@ def test_prefix_caching_is_off_for_a_recurrent_model(qwen35):
     llm = LLM(qwen35[0], speculative_config=None, enable_prefix_caching=True)
     assert llm.engine.runner.recurrent
     assert not llm.engine.scheduler.blocks.prefix_caching
+
+
+def test_gemma4_speculation_equals_target_only_token_for_token(tmp_path):
+    """Gemma 4 (sliding windows shorter than the text, KV-sharing layers, per-layer inputs)
+    with a draft close to it: rollback is arithmetic on the shared and own KV pools."""
+    target = load_model(hybrid_tiny.save(hybrid_tiny.build("gemma4", 0), tmp_path / "t"),
+                        "float32", weights="float32")
+    close = load_model(hybrid_tiny.save(perturbed("gemma4", 0, 0.003), tmp_path / "d"),
+                       "float32", weights="float32")
+    plain = LLM(target, speculative_config=None).generate(PROMPT, tiny.greedy(N))[0].outputs[0]
+    out = LLM(target, draft=close, speculative_config=tiny.draft_spec(3)).generate(
+        PROMPT, tiny.greedy(N))[0].outputs[0]
+    assert out.token_ids == plain.token_ids
+    assert 0 < out.spec.accepted < out.spec.drafted, out.spec
