@@ -130,8 +130,10 @@ def _gguf_names(arch, blocks: int):
     return gguf.get_tensor_name_map(arch, blocks)
 
 
-def write_gguf(model, kind: str, path: Path, mtp: dict[str, torch.Tensor] | None = None) -> Path:
-    """A float32 GGUF file of `model` (qwen35 with an optional MTP head `mtp`, or gemma4)."""
+def write_gguf(model, kind: str, path: Path, mtp: dict[str, torch.Tensor] | None = None,
+               extra=None) -> Path:
+    """A float32 GGUF file of `model` (qwen35 with an optional MTP head `mtp`, or gemma4);
+    `extra(writer)` may add tensors of its own."""
     import gguf
 
     cfg = model.config
@@ -150,6 +152,8 @@ def write_gguf(model, kind: str, path: Path, mtp: dict[str, torch.Tensor] | None
         writer.add_tensor(_gguf_name(names, name), t.contiguous().numpy())
     if arch == "gemma4":
         writer.add_tensor("rope_freqs.weight", _gemma4_rope_freqs(cfg).numpy())
+    if extra is not None:
+        extra(writer)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -32,9 +32,11 @@ from specserve.models.kv_cache import DEFAULT_BLOCK_SIZE, resolve_kv_cache_dtype
 from specserve.models.layer import Linear, rms_norm
 from specserve.models.recurrent_state import RecurrentStates
 
-# Snapshots kept per sequence: a verify pass of up to 16 drafts (17 rows) plus the position it
-# started at, and a draft model's catch-up row of a few tokens before its drafts.
-DEFAULT_STATE_HISTORY = 24
+# Snapshots kept per sequence: a verify pass of up to 16 drafts (MAX_SPECULATIVE_TOKENS) keeps
+# its 17 rows' states, any of which the next pass may start from, and the position it started
+# at (a round redone from the same place, as the engine's calibration does). A draft model's
+# next pass starts at most k positions before its newest state, whatever its catch-up length.
+DEFAULT_STATE_HISTORY = 18
 
 
 def activation(cfg: ModelConfig, x: torch.Tensor) -> torch.Tensor:

@@ -149,7 +149,8 @@ def _gemma4(meta: dict, names: set[str], path: Path, layers: int, heads: int,
         raise ValueError(f"{path}: rope_freqs other than 1 for the first pairs and 1e30 for "
                          f"the rest is not supported")
     shared = int(meta.get(f"{a}.attention.shared_kv_layers", 0) or 0)
-    k_eq_v = bool(full) and f"blk.{full[0]}.attn_v.weight" not in names
+    own = [i for i in full if f"blk.{i}.attn_k.weight" in names]  # not sharing another's KV
+    k_eq_v = bool(own) and f"blk.{own[0]}.attn_v.weight" not in names
     cap = meta.get(f"{a}.final_logit_softcapping")
     return {"head_dim": _int(meta, a, "attention.key_length_swa", path),
             "num_kv_heads": int(kv[next(i for i in range(layers) if pattern[i])])

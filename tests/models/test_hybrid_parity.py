@@ -126,3 +126,16 @@ def test_quantized_formats_are_refused_for_the_hybrid_decoders(tmp_path):
     path = hybrid_tiny.save(hybrid_tiny.build("gemma4"), tmp_path / "hf")
     with pytest.raises(ValueError, match="weights='int8' is not supported for gemma4"):
         load_model(path, "float32", weights="int8")
+
+
+def test_a_gguf_tensor_the_decoder_does_not_read_is_refused(tmp_path):
+    """Gemma 4's mixture-of-experts router, written as llama.cpp names it."""
+    import numpy as np
+
+    def moe(writer):
+        writer.add_tensor("blk.0.ffn_gate_inp.weight", np.zeros((4, 64), dtype=np.float32))
+
+    path = hybrid_tiny.write_gguf(hybrid_tiny.build("gemma4"), "gemma4", tmp_path / "m.gguf",
+                                  extra=moe)
+    with pytest.raises(ValueError, match="ffn_gate_inp.*not implemented by the gemma4"):
+        load_model(path, "float32", weights="float32")

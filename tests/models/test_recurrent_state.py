@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specserve.engine.runner import ModelRunner
-from specserve.models.hybrid import HybridModel
+from specserve.models.hybrid import DEFAULT_STATE_HISTORY, HybridModel
 from specserve.models.transformer import ForwardBatch
 from specserve.weights.hf_loader import load_hf_dir
 from tests import hybrid_tiny
@@ -97,3 +97,9 @@ def test_freeing_a_block_table_frees_its_recurrent_state(checkpoint):
     for t in (tables[0], tables[2]):
         blocks.free(t)
     assert len(states) == 0 and blocks.num_used == 0
+
+
+def test_the_default_history_covers_the_longest_verify_pass_and_its_start():
+    from specserve.speculative.config import MAX_SPECULATIVE_TOKENS
+
+    assert DEFAULT_STATE_HISTORY >= MAX_SPECULATIVE_TOKENS + 2
