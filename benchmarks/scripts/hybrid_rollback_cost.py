@@ -4,7 +4,10 @@ in a verify pass of k + 1 rows after a cached prefix (what a rejected row wastes
 a linear layer's time spent keeping the per-row state snapshots (what makes its rollback free),
 and the bytes of one snapshot. Rollback itself is choosing a snapshot: no copy, no recompute.
 
-    python benchmarks/scripts/hybrid_rollback_cost.py [k] [repeats]
+    python benchmarks/scripts/hybrid_rollback_cost.py [k] [repeats] [wide]
+
+`wide`: two layers (one of each kind) of a real model's width instead (hidden 1024, 16 key and
+value heads of 128 in the linear layer: a 1 MiB state), random weights.
 """
 from __future__ import annotations
 
@@ -28,6 +31,11 @@ CONFIG = dict(vocab_size=112, hidden_size=64, intermediate_size=128, num_hidden_
               num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
               linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
               full_attention_interval=2, max_position_embeddings=1024)
+if len(sys.argv) > 3 and sys.argv[3] == "wide":
+    CONFIG = CONFIG | dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=2,
+                           num_attention_heads=8, num_key_value_heads=2, head_dim=256,
+                           linear_num_key_heads=16, linear_num_value_heads=16,
+                           linear_key_head_dim=128, linear_value_head_dim=128)
 
 
 class Timed:

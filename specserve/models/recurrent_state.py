@@ -26,15 +26,10 @@ STATE_DTYPE = torch.float32  # the recurrence runs in float32 whatever the weigh
 
 @dataclass(slots=True)
 class Snapshots:
-    """Snapshot j of every linear layer is its state after tokens [0, first + j)."""
+    """`states[j]` holds every linear layer's (conv, ssm) after tokens [0, first + j)."""
 
     first: int
-    conv: list[torch.Tensor]  # per linear layer [n, conv_dim, kernel - 1]
-    ssm: list[torch.Tensor]  # per linear layer [n, v_heads, v_head_dim, k_head_dim]
-
-    @property
-    def count(self) -> int:
-        return self.conv[0].shape[0]
+    states: list[list[tuple[torch.Tensor, torch.Tensor]]]  # [position][linear layer]
 
 
 class RecurrentStates:
@@ -62,7 +57,8 @@ class RecurrentStates:
     def positions(self, key: object) -> range:
         """The start positions a pass of `key` may take now (besides 0)."""
         snaps = self._seqs.get(key)
-        return range(0) if snaps is None else range(snaps.first, snaps.first + snaps.count)
+        return range(0) if snaps is None else range(snaps.first,
+                                                    snaps.first + len(snaps.states))
 
     def initial(self, key: object, start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per linear layer, (conv `[conv_dim, kernel - 1]`, ssm `[v_heads, dv, dk]`): the
@@ -70,30 +66,27 @@ class RecurrentStates:
         if start == 0:
             return [(torch.zeros(self.conv_shape, dtype=STATE_DTYPE),
                      torch.zeros(self.ssm_shape, dtype=STATE_DTYPE))] * self.num_layers
-        snaps = self._seqs.get(key)
-        assert snaps is not None and snaps.first <= start < snaps.first + snaps.count, (
+        assert start in self.positions(key), (
             f"no recurrent state after position {start} of this sequence (held: "
             f"{list(self.positions(key))}); a pass may start only where an earlier one ended "
             f"or at one of its rows")
-        j = start - snaps.first
-        return [(snaps.conv[i][j], snaps.ssm[i][j]) for i in range(self.num_layers)]
+        snaps = self._seqs[key]
+        return snaps.states[start - snaps.first]
 
     def store(self, key: object, start: int, rows: int, conv: list[torch.Tensor],
               ssm: list[torch.Tensor]) -> None:
         """Record a pass of `rows` tokens from `start`: `conv[i]`, `ssm[i]` hold layer i's
         states after its last m rows (m = min(rows, history)), oldest first. Snapshots of
         positions up to `start` stay (the pass may be redone or rolled back into), later ones
-        are replaced, and only the newest `history` are kept."""
+        are replaced, and only the newest `history` are kept. Nothing is copied: the
+        snapshots are views of the pass's own state tensors."""
         m = conv[0].shape[0]
         assert 0 < m <= rows and m == min(rows, self.history)
+        new = [[(c[j], s[j]) for c, s in zip(conv, ssm)] for j in range(m)]
         old = self._seqs.get(key)
-        keep = 0 if start == 0 or old is None else min(start - old.first + 1, self.history - m)
-        if keep > 0:
-            lo, hi = start - old.first + 1 - keep, start - old.first + 1
-            conv = [torch.cat([o[lo:hi], c]) for o, c in zip(old.conv, conv)]
-            ssm = [torch.cat([o[lo:hi], s]) for o, s in zip(old.ssm, ssm)]
-        first = start + rows + 1 - conv[0].shape[0]
-        self._seqs[key] = Snapshots(first, conv, ssm)
+        kept = [] if start == 0 or old is None else old.states[:start - old.first + 1]
+        states = (kept + new)[-self.history:]
+        self._seqs[key] = Snapshots(start + rows + 1 - len(states), states)
 
     def release(self, key: object) -> None:
         """Forget `key`'s snapshots (nothing happens for a key without any)."""
