@@ -20,6 +20,7 @@ allocated it, and only before it is full and committed, so a shared block is nev
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _ROOT = 0  # the key node of the empty prefix
@@ -35,11 +36,15 @@ class BlockTable:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True,
+                 on_free: Callable[[BlockTable], None] | None = None) -> None:
+        """`on_free(table)`: called when a table is freed (a model's per-sequence state other
+        than KV blocks, such as recurrent state, goes with it)."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.prefix_caching = prefix_caching
+        self.on_free = on_free
         # a stack, lowest ids on top: a block freed is the next one taken, so the pages the
         # OS mapped for the pools stay few while few blocks are in use
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
@@ -89,6 +94,8 @@ class BlockManager:
             self._release(block)
         table.blocks.clear()
         table.num_registered, table.node = 0, _ROOT
+        if self.on_free is not None:
+            self.on_free(table)
 
     def match_prefix(self, table: BlockTable, tokens: list[int], max_tokens: int) -> int:
         """Take the registered blocks that continue `table` over `tokens`, up to `max_tokens`

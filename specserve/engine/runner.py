@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from specserve.engine.block_manager import BlockManager, BlockTable
+from specserve.models.hybrid import pick_logits
 from specserve.models.kv_cache import DEFAULT_BLOCK_SIZE
 from specserve.models.transformer import ForwardBatch
 
@@ -29,23 +30,42 @@ class ModelRunner:
     @property
     def block_bytes(self) -> int:
         """Bytes one block takes in this runner's pools (keys and values, every layer)."""
-        keys = self.cache.keys
-        return 2 * keys[:, 0].numel() * keys.element_size()
+        return self.cache.block_bytes
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the model keeps per-sequence recurrent state besides its KV blocks."""
+        return bool(getattr(self.model, "recurrent", False))
 
     def block_manager(self, prefix_caching: bool = True) -> BlockManager:
-        """A new block manager for this runner's pools (its owner keeps it)."""
-        return BlockManager(self.num_blocks, self.block_size, prefix_caching)
+        """A new block manager for this runner's pools (its owner keeps it). For a model with
+        recurrent state, prefix caching is off (KV blocks cannot restore that state) and a
+        freed table frees the sequence's state."""
+        if not self.recurrent:
+            return BlockManager(self.num_blocks, self.block_size, prefix_caching)
+        return BlockManager(self.num_blocks, self.block_size, False, self.cache.release)
 
     def forward(self, rows: list[list[int]], starts: list[int], tables: list[BlockTable],
                 last_n: list[int] | None = None) -> list[torch.Tensor]:
         """Feed `rows[i]` at positions `starts[i]...` of the sequence holding `tables[i]` (its
         blocks must reach those positions); returns float32 logits `[last_n[i] (default
         len(rows[i])), vocab]` per row."""
-        batch = ForwardBatch.paged(rows, starts, [t.blocks for t in tables])
+        batch = ForwardBatch.paged(rows, starts, [t.blocks for t in tables], tables)
         with torch.inference_mode():
             if self.head is None:
                 return self.model.forward(batch, self.cache, last_n)
             return self.model.forward(batch, self.cache, last_n, head=self.head)
+
+    def forward_hidden(self, rows: list[list[int]], starts: list[int], tables: list[BlockTable],
+                       last_n: list[int] | None = None
+                       ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """As `forward`, and the final normalised hidden states `[len(rows[i]), hidden]` of
+        every row (what a model's own multi-token-prediction head drafts from)."""
+        batch = ForwardBatch.paged(rows, starts, [t.blocks for t in tables], tables)
+        with torch.inference_mode():
+            hidden = self.model.hidden_states(batch, self.cache)  # [total rows, hidden]
+            logits = pick_logits(self.model, hidden, batch.lengths, last_n, self.head)
+        return logits, list(hidden.split(batch.lengths))
 
 
 DEFAULT_KV_FRACTION = 0.4  # of the memory available when the engine starts

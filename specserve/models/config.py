@@ -1,5 +1,6 @@
 """Architecture hyper-parameters of the decoders: `llama` (Mistral-style files too), `qwen2`,
-`qwen3` and `gemma3`.
+`qwen3`, `gemma3`, and the hybrid decoders `qwen35` (Qwen3.5: Gated DeltaNet layers beside gated
+full attention) and `gemma4` (Gemma 4, text).
 
 `ModelConfig` checks every field's type and range, so a malformed `config.json` or GGUF
 header is reported by field name instead of failing deep inside the model's construction.
@@ -13,9 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from specserve.models.hybrid_config import GlobalAttention, LinearAttention, check_hybrid
 from specserve.models.rope import RopeScaling
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "qwen35", "gemma4")
+HYBRID_ARCHITECTURES = ("qwen35", "gemma4")  # run by `hybrid.HybridModel`
 HIDDEN_ACTS = ("silu", "gelu_tanh")
 
 
@@ -46,6 +49,16 @@ class ModelConfig:
     sliding_layers: tuple[int, ...] = ()  # the layers that attend through the window
     rope_local_theta: float | None = None  # rope base of the sliding layers; None: rope_theta
     final_logit_softcap: float | None = None  # logits = cap · tanh(logits / cap)
+    # the hybrid decoders (`hybrid_config.py` says what each field means)
+    linear_layers: tuple[int, ...] = ()  # qwen35: the Gated DeltaNet layers
+    linear_attention: LinearAttention | None = None  # qwen35: their dimensions
+    rotary_dim: int | None = None  # qwen35: leading dims of a head the rotary embedding turns
+    attn_output_gate: bool = False  # qwen35: q_proj also gives a gate; output × sigmoid(gate)
+    value_norm: bool = False  # gemma4: an RMSNorm without weight on each value head
+    global_attention: GlobalAttention | None = None  # gemma4: the full-attention layers' own
+    kv_shared_layers: int = 0  # gemma4: the last N layers reuse earlier layers' keys and values
+    per_layer_input: int = 0  # gemma4: width of the per-layer token embeddings (0: none)
+    mtp_layers: int = 0  # qwen35: multi-token-prediction layers the checkpoint carries
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -79,6 +92,7 @@ class ModelConfig:
         if window is not None and (isinstance(window, bool) or not isinstance(window, int)
                                    or window < 1):
             raise ValueError(f"sliding_window must be a positive integer, got {window!r}")
+        check_hybrid(self)
         if self.sliding_layers and window is None:
             raise ValueError("sliding_layers need a sliding_window")
         bad = [i for i in self.sliding_layers if not 0 <= i < self.num_layers]
@@ -90,7 +104,10 @@ def arch_traits(arch: str, hidden_size: int) -> dict:
     """The `ModelConfig` fields fixed by the architecture (not read from the file)."""
     if arch == "qwen3":
         return {"qk_norm": True}
-    if arch == "gemma3":
-        return {"qk_norm": True, "sandwich_norms": True, "hidden_act": "gelu_tanh",
-                "embed_scale": math.sqrt(hidden_size)}
+    if arch == "qwen35":
+        return {"qk_norm": True, "attn_output_gate": True}
+    if arch in ("gemma3", "gemma4"):
+        traits = {"qk_norm": True, "sandwich_norms": True, "hidden_act": "gelu_tanh",
+                  "embed_scale": math.sqrt(hidden_size)}
+        return traits | ({"value_norm": True, "attn_scale": 1.0} if arch == "gemma4" else {})
     return {}

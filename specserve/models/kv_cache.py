@@ -59,6 +59,11 @@ class KVCache:
         """Bytes one cached position takes in every layer (keys and values)."""
         return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
+    @property
+    def block_bytes(self) -> int:
+        """Bytes one block takes in this cache (keys and values, every layer)."""
+        return 2 * self.keys[:, 0].numel() * self.keys.element_size()
+
     def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor,
               v: torch.Tensor) -> None:
         """Store `k`, `v` (`[rows, kv_head, head_dim]`) at flat positions `slot_mapping`

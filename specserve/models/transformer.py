@@ -47,27 +47,33 @@ class ForwardBatch:
     row_seq: torch.Tensor  # [rows] int32: which sequence of the batch each row belongs to
     lengths: list[int]  # [num_seqs] rows of each sequence (0 allowed)
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    # [num_seqs] each sequence's identity (the engine's BlockTable): models with per-sequence
+    # recurrent state key it by this; None where the caller names none (attention-only models)
+    seq_keys: tuple | None = None
+    starts: tuple[int, ...] = ()  # [num_seqs] the position of each sequence's first row
 
     @staticmethod
-    def paged(rows: list[list[int]], starts: list[int],
-              block_tables: list[list[int]]) -> "ForwardBatch":
+    def paged(rows: list[list[int]], starts: list[int], block_tables: list[list[int]],
+              keys: list | None = None) -> "ForwardBatch":
         """`rows[i]` fed at positions `starts[i]...` of the sequence whose blocks are
-        `block_tables[i]` (every block the rows' positions reach must be listed)."""
+        `block_tables[i]` (every block the rows' positions reach must be listed) and whose
+        identity is `keys[i]` (optional)."""
         width = max(1, max(len(t) for t in block_tables))
         tables = torch.zeros((len(rows), width), dtype=torch.int32)
         for i, t in enumerate(block_tables):
             tables[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
-        return ForwardBatch._flat(rows, starts, tables)
+        return ForwardBatch._flat(rows, starts, tables, keys)
 
     @staticmethod
-    def _flat(rows, starts, tables) -> "ForwardBatch":
+    def _flat(rows, starts, tables, keys=None) -> "ForwardBatch":
         lengths = [len(r) for r in rows]
         tokens = torch.tensor([t for r in rows for t in r], dtype=torch.long)  # [rows]
         positions = torch.tensor([s + j for s, n in zip(starts, lengths) for j in range(n)],
                                  dtype=torch.long)  # [rows]
         row_seq = torch.repeat_interleave(torch.arange(len(rows), dtype=torch.int32),
                                           torch.tensor(lengths))  # [rows]
-        return ForwardBatch(tokens, positions, row_seq, lengths, tables)
+        return ForwardBatch(tokens, positions, row_seq, lengths, tables,
+                            None if keys is None else tuple(keys), tuple(starts))
 
 
 def _check_rc(rc: int, name: str) -> None:

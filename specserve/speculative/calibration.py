@@ -117,7 +117,10 @@ def pass_timer(runner, prefix_len: int, max_rows: int = 64):
         return time.perf_counter() - start
 
     runner.forward([prefix], [0], [table], [1])
-    yield time_pass
+    try:
+        yield time_pass
+    finally:
+        blocks.free(table)  # and with it any per-sequence state the model keeps
 
 
 def median_round_robin(timers: dict[Hashable, Callable[[], float]], repeats: int

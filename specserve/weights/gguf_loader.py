@@ -1,5 +1,5 @@
-"""Load a GGUF file (`llama`, `qwen2`, `qwen3` or `gemma3` architecture) into Hugging
-Face-named tensors.
+"""Load a GGUF file (`llama`, `qwen2`, `qwen3`, `gemma3`, and the hybrid `qwen35` and
+`gemma4` of `hybrid_gguf.py`) into Hugging Face-named tensors.
 
 llama.cpp's converter permutes the rows of `llama` Q/K projections so that rotary pairs sit
 next to each other; we undo it so one rotate-half decoder serves every architecture. The
@@ -21,7 +21,9 @@ from pathlib import Path
 import torch
 from gguf import GGML_QUANT_SIZES
 
-from specserve.models.config import SUPPORTED_ARCHITECTURES, ModelConfig, arch_traits
+from specserve.models.config import (HYBRID_ARCHITECTURES, SUPPORTED_ARCHITECTURES,
+                                     ModelConfig, arch_traits)
+from specserve.weights import hybrid_gguf
 from specserve.weights.dequant import dequantize
 from specserve.weights.gguf_file import GGUFFile, GGUFTensor
 from specserve.weights.hf_loader import check_tensor_names
@@ -66,11 +68,21 @@ def read_metadata(gguf_file: GGUFFile) -> dict:
     return dict(gguf_file.metadata)
 
 
-def config_from_metadata(meta: dict, tensor_names: set[str], path: Path) -> ModelConfig:
+def config_from_metadata(meta: dict, tensor_names: set[str], path: Path,
+                         rope_freqs: torch.Tensor | None = None) -> ModelConfig:
+    """The decoder's configuration (`rope_freqs`: the file's rope_freqs tensor, which holds
+    gemma4's global rope)."""
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; "
                          f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    if arch in HYBRID_ARCHITECTURES:
+        fields = hybrid_gguf.hybrid_config(meta, tensor_names, path, arch, rope_freqs)
+        vocab = meta.get(f"{arch}.vocab_size", len(meta["tokenizer.ggml.tokens"]))
+        try:
+            return ModelConfig(vocab_size=int(vocab), **fields)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
 
     def key(name: str, default=None):
         value = meta.get(f"{arch}.{name}", default)
@@ -132,7 +144,11 @@ def _gemma3(meta: dict, layers: int, hidden: int, heads: int, head_dim: int,
             "final_logit_softcap": None if cap is None else float(cap)}
 
 
-def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama", layers: int = 0) -> str | None:
+    """The Hugging Face name of a tensor (`layers`: the main decoder layers of a qwen35 file,
+    whose multi-token-prediction layer follows them)."""
+    if arch in HYBRID_ARCHITECTURES:
+        return hybrid_gguf.hf_name(gguf_name, arch, layers)
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".", 2)
@@ -152,7 +168,10 @@ def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def config_from_gguf(gguf_file: GGUFFile, meta: dict) -> ModelConfig:
     """The decoder's configuration, once the file is known to hold every tensor it needs."""
-    cfg = config_from_metadata(meta, {t.name for t in gguf_file.tensors}, gguf_file.path)
+    freqs = next((t for t in gguf_file.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        freqs = dequantize(gguf_file.raw(freqs), freqs.qtype, freqs.shape, name=freqs.name)
+    cfg = config_from_metadata(meta, {t.name for t in gguf_file.tensors}, gguf_file.path, freqs)
     _check_complete(cfg, tensor_index(gguf_file), gguf_file.path)
     return cfg
 
@@ -161,9 +180,10 @@ def tensor_index(gguf_file: GGUFFile) -> dict[str, GGUFTensor]:
     """The file's tensors by Hugging Face name; one the decoder does not implement raises
     ValueError naming it (it is never left out)."""
     arch = gguf_file.metadata.get("general.architecture")
+    layers = hybrid_gguf.main_layers(gguf_file.metadata, arch)
     index, unknown = {}, []
     for t in gguf_file.tensors:
-        name = hf_name(t.name, arch)
+        name = hf_name(t.name, arch, layers)
         if name is None:
             unknown.append(t.name)
         else:
@@ -182,7 +202,12 @@ def read_tensor(gguf_file: GGUFFile, cfg: ModelConfig, tensor: GGUFTensor,
         w = dequantize(gguf_file.raw(tensor), tensor.qtype, tensor.shape, name=tensor.name)
     except ValueError as e:  # e.g. a quantization type the decoder does not support
         raise ValueError(f"{gguf_file.path}: {e}") from e
-    name = hf_name(tensor.name, cfg.architecture) or ""
+    name = hf_name(tensor.name, cfg.architecture, cfg.num_layers) or ""
+    if cfg.architecture in HYBRID_ARCHITECTURES:
+        try:
+            w = hybrid_gguf.from_file(cfg, name, w.float())
+        except ValueError as e:
+            raise ValueError(f"{gguf_file.path}: {e}") from None
     if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
         w = unpermute(w, cfg.num_heads)
     elif cfg.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
@@ -208,6 +233,6 @@ def is_quantized(source_bits: dict[str, float]) -> bool:
 
 def _check_complete(cfg: ModelConfig, weights: dict, path: Path) -> None:
     check_tensor_names(cfg, set(weights) - {"rope_freqs.weight"}, path)
-    if "rope_freqs.weight" in weights and cfg.architecture != "llama":
+    if "rope_freqs.weight" in weights and cfg.architecture not in ("llama", "gemma4"):
         raise ValueError(f"{path}: a rope_freqs tensor in a {cfg.architecture} file is not "
                          f"supported")

@@ -1,9 +1,10 @@
 """Load a Hugging Face model directory (`config.json`, `*.safetensors`) of `LlamaForCausalLM`
-(and `MistralForCausalLM`, the same decoder), `Qwen2ForCausalLM`, `Qwen3ForCausalLM` or
-`Gemma3ForCausalLM`.
+(and `MistralForCausalLM`, the same decoder), `Qwen2ForCausalLM`, `Qwen3ForCausalLM`,
+`Gemma3ForCausalLM`, `Qwen3_5ForCausalLM` or `Gemma4ForCausalLM` (the last two: `hybrid_hf.py`).
 
-Gemma 3 norms scale by (1 + w); their weights are stored as 1 + w here (computed in float32),
-as llama.cpp's converter stores them in GGUF files, so one RMSNorm serves every architecture.
+Gemma 3 and Qwen3.5 norms scale by (1 + w); their weights are stored as 1 + w here (computed
+in float32), as llama.cpp's converter stores them in GGUF files, so one RMSNorm serves every
+architecture (Qwen3.5's gated norm inside its linear layers scales by w).
 A tensor the decoder does not read, or one it needs that is missing, is refused by name.
 """
 
@@ -11,18 +12,22 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
 
-from specserve.models.config import ModelConfig, arch_traits
+from specserve.models import hybrid_names
+from specserve.models.config import HYBRID_ARCHITECTURES, ModelConfig, arch_traits
 from specserve.models.layer import layer_tensor_names
+from specserve.weights.hybrid_hf import gemma4_fields, qwen35_fields
 from specserve.weights.rope_config import hf_rope
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama",
                   "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                  "Gemma3ForCausalLM": "gemma3"}
+                  "Gemma3ForCausalLM": "gemma3", "Qwen3_5ForCausalLM": "qwen35",
+                  "Gemma4ForCausalLM": "gemma4"}
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -39,16 +44,38 @@ def read_config(path: Path) -> tuple[ModelConfig, dict]:
     if arch is None:
         raise ValueError(f"{file}: architectures {archs!r} not supported; "
                          f"supported: {', '.join(_ARCHITECTURES)}")
-    rope = hf_rope(file, raw)
     field = _FieldReader(file, raw)
+    if arch in HYBRID_ARCHITECTURES:
+        return _config(file, arch, field, _hybrid_fields), raw
+    return _config(file, arch, field, _classic_fields), raw
+
+
+def _classic_fields(arch: str, field: "_FieldReader", layers: int, hidden: int,
+                    head_dim: int) -> dict:
+    rope = hf_rope(field.file, field.raw)
+    return arch_traits(arch, hidden) | _window(field, arch, layers) | (
+        _gemma3(field, rope.local_theta) if arch == "gemma3" else {}) | {
+        "rope_theta": field.number("rope_theta", rope.theta), "rope_scaling": rope.scaling}
+
+
+def _hybrid_fields(arch: str, field: "_FieldReader", layers: int, hidden: int,
+                   head_dim: int) -> dict:
+    own = qwen35_fields(field, layers, head_dim) if arch == "qwen35" \
+        else gemma4_fields(field, layers)
+    return arch_traits(arch, hidden) | own
+
+
+def _config(file: Path, arch: str, field: "_FieldReader", arch_fields) -> ModelConfig:
+    """The fields every decoder has, then `arch_fields(arch, field, layers, hidden,
+    head_dim)`'s (which override them)."""
+    raw = field.raw
     heads = field.int("num_attention_heads")
     hidden = field.int("hidden_size")
     if "head_dim" not in raw and hidden % heads:
         raise ValueError(f"{file}: hidden_size ({hidden}) must be a multiple of "
                          f"num_attention_heads ({heads}) when head_dim is not given")
     layers = field.int("num_hidden_layers")
-    traits = arch_traits(arch, hidden) | _window(field, arch, layers) | (
-        _gemma3(field, rope.local_theta) if arch == "gemma3" else {})
+    head_dim = field.int("head_dim", hidden // heads)
     fields = dict(
         architecture=arch,
         vocab_size=field.int("vocab_size"),
@@ -57,19 +84,17 @@ def read_config(path: Path) -> tuple[ModelConfig, dict]:
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=field.int("num_key_value_heads", heads),
-        head_dim=field.int("head_dim", hidden // heads),
-        rope_theta=field.number("rope_theta", rope.theta),
+        head_dim=head_dim,
+        rope_theta=10000.0,
         rms_norm_eps=field.number("rms_norm_eps"),
         max_position=field.int("max_position_embeddings", 4096),
         tie_word_embeddings=field.bool("tie_word_embeddings", arch == "gemma3"),
         attention_bias=arch == "qwen2" or field.bool("attention_bias", False),
-        rope_scaling=rope.scaling,
-    )
+    ) | arch_fields(arch, field, layers, hidden, head_dim)
     try:
-        cfg = ModelConfig(**fields, **traits)
+        return ModelConfig(**fields)
     except ValueError as e:  # cross-field rules (e.g. kv heads dividing heads)
         raise ValueError(f"{file}: {e}") from None
-    return cfg, raw
 
 
 def _window(field: "_FieldReader", arch: str, layers: int) -> dict:
@@ -116,8 +141,12 @@ def _gemma3(field: "_FieldReader", local_theta: float | None) -> dict:
 def check_tensor_names(cfg: ModelConfig, names: set[str], where: Path) -> None:
     """Refuse a checkpoint that lacks a tensor `cfg` needs or holds one the decoder does not
     read (rather than dropping it); `rotary_emb.inv_freq` buffers are derived, so allowed."""
-    needed = {"model.embed_tokens.weight", "model.norm.weight"} | {
-        f"model.layers.{i}.{n}" for i in range(cfg.num_layers) for n in layer_tensor_names(cfg)}
+    if cfg.architecture in HYBRID_ARCHITECTURES:
+        needed = hybrid_names.tensor_names(cfg)
+    else:
+        needed = {"model.embed_tokens.weight", "model.norm.weight"} | {
+            f"model.layers.{i}.{n}" for i in range(cfg.num_layers)
+            for n in layer_tensor_names(cfg)}
     missing = sorted(needed - names)
     if missing:
         raise ValueError(f"{where}: missing tensors {missing[:5]}"
@@ -200,12 +229,23 @@ def load_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict, dict
                     weights[name] = _read(f, name, cfg, dtype)
         except SafetensorError as e:
             raise ValueError(f"{file}: corrupt or unreadable safetensors file ({e})") from None
+    if cfg.mtp_layers and not any(n.startswith("mtp.") for n in weights):
+        cfg = replace(cfg, mtp_layers=0)  # saved without its multi-token-prediction head
     check_tensor_names(cfg, set(weights), path)
     return cfg, raw, weights
 
 
+def one_plus_norm(arch: str, name: str) -> bool:
+    """Whether checkpoint tensor `name` is an RMSNorm weight w applied as (1 + w)."""
+    if arch == "gemma3":
+        return name.endswith("norm.weight")
+    return arch == "qwen35" and name.endswith(
+        ("norm.weight", "norm_embedding.weight", "norm_hidden.weight")) \
+        and not name.endswith("linear_attn.norm.weight")
+
+
 def _read(f, name: str, cfg: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
     t = f.get_tensor(name)
-    if cfg.architecture == "gemma3" and name.endswith("norm.weight"):
-        t = t.float() + 1.0  # (1 + w), as Gemma's RMSNorm computes it in float32
+    if one_plus_norm(cfg.architecture, name):
+        t = t.float() + 1.0  # (1 + w), as the reference RMSNorm computes it in float32
     return t.to(dtype)

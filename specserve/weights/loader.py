@@ -40,11 +40,12 @@ from specserve import kernels
 from specserve.weights import dequant
 from specserve.models import tokenizer as tok
 from specserve.weights import weight_cache
-from specserve.models.config import ModelConfig
+from specserve.models.config import HYBRID_ARCHITECTURES, ModelConfig
+from specserve.models.factory import build_model
 from specserve.weights.gguf_file import GGUFFile
 from specserve.weights.gguf_loader import (config_from_gguf, is_quantized, open_gguf, read_metadata,
                                           read_tensor, tensor_bits, tensor_index, unpermute)
-from specserve.weights.hf_loader import load_hf_dir
+from specserve.weights.hf_loader import load_hf_dir, read_config
 from specserve.weights.quant import (FORMATS, FOUR_BIT_SOURCE_MAX, NATIVE_LAYOUT_VERSION,
                                     SIX_BIT_SOURCE_MAX,
                                     QUANTIZED_FORMATS, NativeLinear, NativeWeights, head_source,
@@ -123,11 +124,12 @@ def load_model(name: str | Path, dtype: str | torch.dtype = "auto", weights: str
     native = kernels.qmatmul() is not None
     hit = False
     if path.is_dir():
-        fmt = resolve_format(weights, False, native, draft)
+        cfg, _ = read_config(path)
+        fmt = _hybrid_format(cfg, weights) or resolve_format(weights, False, native, draft)
         torch_dtype = resolve_dtype(requested, fmt, native)
         cfg, raw, tensors = load_hf_dir(path, torch_dtype)
         tokenizer = tok.from_hf_dir(path, eos_ids(path, raw))
-        model = Transformer(cfg, tensors)
+        model = build_model(cfg, tensors)
         del tensors
         quantize_linears(model, fmt)
     elif path.suffix == ".gguf" or path.is_file():
@@ -135,7 +137,8 @@ def load_model(name: str | Path, dtype: str | torch.dtype = "auto", weights: str
         meta = read_metadata(gguf_file)
         cfg = config_from_gguf(gguf_file, meta)
         bits = tensor_bits(gguf_file)
-        fmt = resolve_format(weights, is_quantized(bits), native, draft)
+        fmt = _hybrid_format(cfg, weights) \
+            or resolve_format(weights, is_quantized(bits), native, draft)
         torch_dtype = resolve_dtype(requested, fmt, native)
         if fmt in QUANTIZED_FORMATS and native and _fits_native(cfg):
             slot = _cache_slot(path, fmt, torch_dtype) if weight_cache else None
@@ -148,13 +151,24 @@ def load_model(name: str | Path, dtype: str | torch.dtype = "auto", weights: str
         else:
             tokenizer = tok.from_gguf_metadata(meta)
             index = tensor_index(gguf_file)
-            model = Transformer(cfg, {n: read_tensor(gguf_file, cfg, t, torch_dtype)
+            model = build_model(cfg, {n: read_tensor(gguf_file, cfg, t, torch_dtype)
                                       for n, t in index.items()})
             quantize_linears(model, fmt, bits)
     else:
         raise ValueError(f"{path}: neither a GGUF file nor a Hugging Face directory")
     label = fmt if fmt in QUANTIZED_FORMATS else _DENSE_NAMES.get(model.dtype, "bf16")
     return LoadedModel(model, tokenizer, cfg, path, time.perf_counter() - start, label, hit)
+
+
+def _hybrid_format(cfg: ModelConfig, weights: str) -> str | None:
+    """The format of a hybrid decoder (Qwen3.5, Gemma 4), which loads dense for now ("auto":
+    bfloat16, "float32" where asked); None for the other architectures."""
+    if cfg.architecture not in HYBRID_ARCHITECTURES:
+        return None
+    if weights in QUANTIZED_FORMATS:
+        raise ValueError(f"weights={weights!r} is not supported for {cfg.architecture} models "
+                         f"yet; use 'auto', 'bf16' or 'float32'")
+    return "bf16" if weights == "auto" else weights
 
 
 def _fits_native(cfg: ModelConfig) -> bool:
