@@ -252,7 +252,11 @@ class LLMEngine:
             starts.append(c.start)
             tables.append(c.seq.table)
             last_n.append(1 if c.samples else 0)
-        logits = self.runner.forward(rows, starts, tables, last_n)
+        if spec is not None and spec.wants_hidden:  # a source drafts from the target's states
+            logits, hidden = self.runner.forward_hidden(rows, starts, tables, last_n)
+            spec.observe_hidden(seqs + [c.seq for c in plan.chunks], starts, hidden)
+        else:
+            logits = self.runner.forward(rows, starts, tables, last_n)
         results = [self._round(s, p, lg) for s, p, lg in zip(seqs, proposals, logits)]
         t2 = time.perf_counter()
         if self._trace is not None:

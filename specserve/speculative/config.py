@@ -10,7 +10,8 @@ Methods: `hybrid` (the default pair's: suffix drafting and, when `model` names o
 model, chosen per sequence and round by the speculation controller), `suffix` (suffix
 drafting over the request and earlier requests' outputs), `draft_model`, `ngram` (prompt
 lookup over the request), `grammar` (only the tokens a structured output's grammar forces;
-the others draft them too unless `grammar_drafts` is false). `suffix_cache_tokens` bounds the
+the others draft them too unless `grammar_drafts` is false), `mtp` (the target's own
+multi-token-prediction head, where its checkpoint carries one). `suffix_cache_tokens` bounds the
 earlier outputs the suffix source keeps (0: this request only). `draft_vocab_size`: the draft model's head scores only the
 lowest this many token ids and the added (special) tokens, a cheaper draft step (see
 `draft_head.py`; None: the whole vocabulary). `max_k` None: 16 for the lookup-led methods (a long match drafts
@@ -42,7 +43,7 @@ from specserve.speculative.suffix import DEFAULT_CACHE_TOKENS
 
 DEFAULT_DRAFT_VOCAB = 65536  # the draft head's kept ids (see `draft_head.py`)
 
-METHODS = ("hybrid", "suffix", "draft_model", "ngram", "grammar")
+METHODS = ("hybrid", "suffix", "draft_model", "ngram", "grammar", "mtp")
 POLICIES = ("fixed", "acceptance_rate", "accepted_length", "heuristic", "cost_aware")
 MAX_SPECULATIVE_TOKENS = 16
 

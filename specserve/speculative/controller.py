@@ -33,6 +33,7 @@ from specserve.speculative.draft_model import DraftModelDrafter
 from specserve.speculative.grammar_drafts import GRAMMAR, ForcedSurvival
 from specserve.speculative.drafter import EMPTY, Proposal
 from specserve.speculative.match_stats import MatchStats, RequestFit
+from specserve.speculative.mtp import MTPDrafter
 from specserve.speculative.ngram import NgramDrafter
 from specserve.speculative.policies import FixedPolicy, make_policy
 from specserve.speculative.suffix import SuffixCache, SuffixDrafter, escaped_view
@@ -79,15 +80,17 @@ class SeqSpeculation:
 
 class SpeculationController:
     def __init__(self, config, cost, lookup=None, model=None, source_name: str = "suffix",
-                 max_model_len: int = 1 << 30, calibration=None, head=None) -> None:
+                 max_model_len: int = 1 << 30, calibration=None, head=None,
+                 model_name: str = MODEL) -> None:
         """`config`: the engine's SpeculativeConfig; `cost`: its CostModel; `lookup`: a
         lookup drafter (`candidate(seq, limit)`, `finish(seq, keep)`); `model`: a draft-model
         drafter (see `drafter.Drafter`) or None; `source_name` names the lookup in metrics;
         `calibration`: `calibration.Calibration` of the cost model (None: not timed);
-        `head`: a function that restricts the draft model's head at start-up (or None)."""
+        `head`: a function that restricts the draft model's head at start-up (or None);
+        `model_name` names the model source in metrics (`draft_model`, `mtp`)."""
         self.config, self.cost, self.lookup, self.model = config, cost, lookup, model
         self.source_name, self.max_model_len = source_name, max_model_len
-        self.calibration, self._head = calibration, head
+        self.calibration, self._head, self.model_name = calibration, head, model_name
         self.stats = MatchStats()
         self.forced_survival = ForcedSurvival()
         self.probe_every = PROBE_EVERY  # (see docs/design.md, probes)
@@ -395,6 +398,18 @@ class SpeculationController:
         return max(seconds, 1e-12)
 
     # ------------------------------------------------------------------ the round
+    @property
+    def wants_hidden(self) -> bool:
+        """Whether a source drafts from the target's hidden states (`observe_hidden`)."""
+        return self.model is not None and hasattr(self.model, "observe")
+
+    def observe_hidden(self, seqs: list, starts: list[int], hidden: list) -> None:
+        """The target's final hidden states of a pass: `hidden[i]` `[rows, hidden]` of
+        `seqs[i]` from position `starts[i]` on (decode rows and prefill chunks alike)."""
+        for seq, start, h in zip(seqs, starts, hidden):
+            if self.model.started(seq):
+                self.model.observe(seq, start, h)
+
     def propose(self, plan) -> list[Proposal]:
         """The drafts of the step's decoding sequences (`plan.decode`, `plan.ks`: the
         scheduler may have cut a plan's k to 0 where the cache could not grow for drafts),
@@ -453,7 +468,7 @@ class SpeculationController:
         if k and st.source == LOOKUP:
             self._learn_lookup(seq, st, k, num_accepted)
         elif k and st.source == MODEL:
-            seq.metrics.record_source(MODEL, k, num_accepted, st.reason)
+            seq.metrics.record_source(self.model_name, k, num_accepted, st.reason)
         else:
             seq.metrics.record_source(None, 0, 0, st.reason)
         if st.policy is not None:
@@ -494,6 +509,8 @@ def build_controller(config, draft_runner=None, target_vocab: int = 0,
         cache = SuffixCache(config.suffix_cache_tokens) if config.suffix_cache_tokens else None
         lookup = SuffixDrafter(cache, max_draft=config.max_k)
     model = head = None
+    if config.method == "mtp":
+        model = MTPDrafter.of(runner)
     if config.uses_draft_model:
         model = DraftModelDrafter(draft_runner, draft_runner.block_manager(prefix_caching),
                                   target_vocab, max_prefill_tokens=max_prefill_tokens,
@@ -506,4 +523,5 @@ def build_controller(config, draft_runner=None, target_vocab: int = 0,
     if runner is not None and config.policy_name == "cost_aware" and cap > 0:
         calibration = Calibration(cost, runner, draft_runner if model is not None else None, cap)
     return SpeculationController(config, cost, lookup, model, name, max_model_len,
-                                 calibration, head)
+                                 calibration, head, model_name=config.method
+                                 if config.method == "mtp" else MODEL)

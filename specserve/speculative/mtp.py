@@ -47,6 +47,21 @@ class MTPDrafter:
         self.model, self.head, self.pool, self.blocks = model, model.mtp, pool, blocks
         self._seqs: dict[int, _MTPSeq] = {}
 
+    @staticmethod
+    def of(runner) -> "MTPDrafter":
+        """The drafter of `runner`'s model's head, with pools as large as the runner's and a
+        block manager of its own without prefix caching (freeing its tables touches none of
+        the target's state)."""
+        if runner is None:
+            raise ValueError("method 'mtp' drafts with the target's own head: the target's "
+                             "runner is needed")
+        model = runner.model
+        if getattr(model, "mtp", None) is None:
+            raise ValueError("method 'mtp': the target model has no multi-token-prediction "
+                             "head (its checkpoint carries no mtp.* / nextn tensors)")
+        return MTPDrafter(model, model.mtp.new_pool(runner.num_blocks, runner.block_size),
+                          runner.block_manager(False))
+
     # ------------------------------------------------------------------ lifecycle
     def start(self, seq: DraftSequence) -> None:
         self._seqs[seq.seq_id] = _MTPSeq(self.blocks.new_table())

@@ -163,3 +163,31 @@ def test_a_model_without_a_head_is_refused(tmp_path):
     assert model.mtp is None
     with pytest.raises(ValueError, match="no multi-token-prediction head"):
         MTPDrafter(model, None, BlockManager(4, 16, False))
+
+
+@pytest.mark.parametrize("k", [-1, 3])
+def test_the_mtp_method_drafts_through_the_engine_and_keeps_target_only_greedy(tmp_path, k):
+    """`speculative_config={"method": "mtp"}`: the engine hands the target's hidden states to
+    the head after every pass (prefill chunks included) and the output is target-only's."""
+    from specserve.llm import LLM
+
+    model = hybrid_tiny.build("qwen35", seed=0)
+    path = hybrid_tiny.save(model, tmp_path / "m", mtp_seed=3)
+    target = load_model(path, "float32")
+    params = SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True)
+    plain = LLM(target, speculative_config=None).generate([PROMPT, OTHER], params)
+    mtp = LLM(target, speculative_config={"method": "mtp", "num_speculative_tokens": k},
+              max_num_batched_tokens=4)  # prompts prefill in chunks
+    outs = mtp.generate([PROMPT, OTHER], params)
+    for want, got in zip(plain, outs):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+    if k > 0:  # a fixed k drafts every round: the head drafted, counted under its name
+        assert sum(o.outputs[0].spec.sources["mtp"][1] for o in outs) > 0
+
+
+def test_the_mtp_method_needs_a_head(tmp_path):
+    from specserve.llm import LLM
+
+    target = load_model(hybrid_tiny.save(hybrid_tiny.build("qwen35"), tmp_path / "m"), "float32")
+    with pytest.raises(ValueError, match="no multi-token-prediction head"):
+        LLM(target, speculative_config={"method": "mtp"})
