@@ -190,8 +190,7 @@ def test_real_model_equals_gguf_reader() -> None:
 
 
 def test_large_vocabulary_header_is_read_whole() -> None:
-    """The 151936-entry vocabulary of the default target, every tensor listed (its parsing
-    speed is measured by benchmarks/scripts/lookup_and_header_speed.py)."""
+    """The 151936-entry vocabulary of the default target, every tensor listed."""
     path = real_model_path("qwen2.5-coder-1.5b")
     gguf_file = GGUFFile(path)
     tokens = gguf_file.metadata["tokenizer.ggml.tokens"]
