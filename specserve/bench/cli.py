@@ -9,7 +9,7 @@ from pathlib import Path
 
 from specserve.bench import frontier_cli, peers, report, suites, workloads
 from specserve.bench.runner import Bench, BenchOptions, log, machine_info, summarize
-from specserve.flags import add_flag, add_flags, build
+from specserve.flags import add_flag, add_flags, build, flag_errors
 from specserve.hub.registry import DEFAULT_DRAFT
 from specserve.sampling.params import SamplingParams
 from specserve.speculative.config import SpeculativeConfig
@@ -40,22 +40,25 @@ def add_parser(sub) -> None:
                    help="a workload of your own, or a replacement for a shipped one (repeatable); "
                    "a suite runs every config on it, a --configs list only where a config names it")
     p.add_argument("--no-bonus-rows", action="store_true", help="seed-table: skip the no-bonus rows")
-    p.add_argument("--compare", action="append", default=[], choices=["transformers", "llama.cpp", "openvino"])
+    p.add_argument("--compare", action="append", default=[],
+                   choices=["transformers", "llama.cpp", "openvino"],
+                   help="also time this engine on the same weights (repeatable)")
     p.add_argument("--no-assisted", action="store_true",
                    help="--compare transformers: skip assisted generation (no draft model)")
     p.add_argument("--verify-cost", type=int, default=0, metavar="MAX_K",
                    help="also measure T_verify(k)/T_decode for k = 1..MAX_K on the target")
-    p.add_argument("--concurrency", default=None, metavar="LEVELS",
+    g = p.add_argument_group("--concurrency")
+    g.add_argument("--concurrency", default=None, metavar="LEVELS",
                    help="e.g. 1,2,4,8,16: serve that many requests at once per level, target only vs "
                    "cost-aware speculation with and without --disable-by-batch-size (code_edit and "
                    "creative unless --workloads says otherwise)")
-    p.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+    g.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
                    help="--concurrency: keep that many requests in flight for SECONDS per run "
                    "(distinct requests, tokens counted after the first sixth) instead of serving "
                    "one batch; see specserve.bench.concurrency")
-    p.add_argument("--disable-by-batch-size", type=int, default=4,
-                   help="--concurrency: the third configuration's disable_by_batch_size")
-    p.add_argument("--out", type=Path, default=Path("bench-out"))
+    add_flag(g, SpeculativeConfig, "disable_by_batch_size", default=4)  # the third configuration's
+    p.add_argument("--out", type=Path, default=Path("bench-out"),
+                   help="the folder the reports are written to (default: bench-out)")
     frontier_cli.add_frontier_args(p)
     p.set_defaults(func=cmd_bench)
 
@@ -140,6 +143,8 @@ def cmd_concurrency(args) -> int:
     levels = concurrency_levels(args.concurrency)
     if args.sustained < 0:
         raise ValueError(f"--sustained must be >= 0 seconds, got {args.sustained}")
+    with flag_errors(SpeculativeConfig, ("disable_by_batch_size",)):  # checked before loading
+        SpeculativeConfig(disable_by_batch_size=args.disable_by_batch_size)
     if args.sustained:
         names = ("request_pool:mixed-even",)
         texts = [text for _, text in distinct_pool("mixed-even")]
