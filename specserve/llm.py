@@ -20,7 +20,6 @@ from pathlib import Path
 from specserve.engine.async_engine import AsyncEngine
 from specserve.engine.calibration import calibrate
 from specserve.config import PAIR_DEFAULT, LLMConfig
-from specserve.engine.config import EngineConfig
 from specserve.engine.engine import LLMEngine
 from specserve.engine.outputs import RequestOutput
 from specserve.engine.runner import build_runners

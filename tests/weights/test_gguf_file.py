@@ -214,7 +214,7 @@ def test_missing_file_is_a_value_error_naming_it(tmp_path: Path) -> None:
 @pytest.mark.parametrize("data", [b"", b"GG", b"GGML" + b"\0" * 40, b"<!DOCTYPE html>"], ids=["empty", "short", "ggml", "html"])
 def test_bad_magic_is_not_a_gguf_file(tmp_path: Path, data: bytes) -> None:
     path = write_bytes(tmp_path, data)
-    with pytest.raises(ValueError, match=rf"crafted\.gguf: not a GGUF file"):
+    with pytest.raises(ValueError, match=r"crafted\.gguf: not a GGUF file"):
         GGUFFile(path)
 
 
