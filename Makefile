@@ -3,13 +3,25 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.specserve-installed
+# torch comes first, as a CPU build from PyTorch's CPU index: PyPI's Linux wheel is a multi-GB
+# CUDA build. Where that index cannot be reached within a few seconds (an offline mirror, a
+# closed network), the same version comes from pip's configured index instead, with a note.
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: setup models browser demo test bench clean
+.PHONY: setup models browser demo test lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# torch pinned so pip takes the local CPU wheel, not a multi-GB CUDA build
-	$(BIN)/pip install --quiet torch==2.13.0
+	@if $(BIN)/python -c "import urllib.request as u; u.urlopen('$(TORCH_INDEX)/torch/', timeout=5)" \
+	    2>/dev/null; then \
+	  echo "$(BIN)/pip install --index-url $(TORCH_INDEX) '$(TORCH)'"; \
+	  $(BIN)/pip install --quiet --timeout 30 --retries 2 --index-url $(TORCH_INDEX) '$(TORCH)'; \
+	else \
+	  echo "make: $(TORCH_INDEX) cannot be reached: '$(TORCH)' from pip's configured index" \
+	    "(on PyPI for Linux that is the large CUDA build)"; \
+	  $(BIN)/pip install --quiet '$(TORCH)'; \
+	fi
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
@@ -28,7 +40,10 @@ browser:
 demo: models
 	$(BIN)/specserve demo
 
-test: models browser
+lint: $(STAMP)
+	$(BIN)/ruff check
+
+test: models browser lint
 	$(BIN)/python -m pytest
 
 bench: models

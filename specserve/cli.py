@@ -142,8 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p.add_argument_group("sampling (OpenAI/vLLM names)"), SamplingParams,
               defaults=GENERATE_SAMPLING, exclude=SAMPLING_EXCLUDED)
     p.add_argument("--prompt", default=None, help="prompt text ('-' or omitted: read stdin)")
-    p.add_argument("--prompt-file", default=None)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--prompt-file", default=None, help="read the prompt from this UTF-8 file")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="print outputs as JSON lines")
     p.set_defaults(func=cmd_generate)
 
@@ -153,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flag(p, SpeculativeConfig, "model", default=DEFAULT_DRAFT)
     add_flag(p, SpeculativeConfig, "num_speculative_tokens", default=-1)
     add_flag(p, SamplingParams, "max_tokens", default=160)
-    p.add_argument("--prompt-file", default=None)
+    p.add_argument("--prompt-file", default=None,
+                   help="time this prompt (a UTF-8 file) instead of the two shipped ones")
     p.set_defaults(func=cmd_demo)
 
     from specserve.bench.cli import add_parser as add_bench

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from specserve.clients.async_engine import AsyncEngine
 from specserve.config import PAIR_DEFAULT, LLMConfig
-from specserve.engine.config import EngineConfig
 from specserve.engine.engine import LLMEngine
 from specserve.engine.outputs import RequestOutput
 from specserve.engine.runner import build_runners

@@ -87,13 +87,14 @@ PERMISSION_OVERRIDES = "-dac_override,-dac_read_search"
 
 def run_cli(*args: str, cache: Path | None = None, code: str | None = None,
             honour_permissions: bool = False, stdin=subprocess.DEVNULL, wait: bool = True,
-            env: dict[str, str] | None = None):
-    """`specserve ARGS` (or `python -c CODE`) with SPECSERVE_CACHE set (and `env`); returns
-    the process. `honour_permissions`: as root, run without `PERMISSION_OVERRIDES`."""
+            env: dict[str, str] | None = None, module: str = "specserve.cli"):
+    """`specserve ARGS` (`python -m MODULE ARGS`, or `python -c CODE`) with SPECSERVE_CACHE
+    set (and `env`); returns the process. `honour_permissions`: as root, run without
+    `PERMISSION_OVERRIDES`."""
     env = dict(os.environ, PYTHONPATH=str(ROOT),
                SPECSERVE_CACHE=str(cache or "/nonexistent-cache"), **(env or {}))
     env.pop("SPECSERVE_DEBUG", None)
-    command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "specserve.cli", *args]
+    command = [sys.executable, "-c", code] if code else [sys.executable, "-m", module, *args]
     if honour_permissions and os.geteuid() == 0:
         command = ["setpriv", f"--bounding-set={PERMISSION_OVERRIDES}", "--inh-caps=-all",
                    "--", *command]
@@ -120,6 +121,15 @@ def test_missing_prompt_file_is_one_line_exit_2():
     proc = run_cli("generate", "--prompt-file", "/nonexistent/prompt.txt")
     assert_one_line_error(proc, "generate", 2, "--prompt-file /nonexistent/prompt.txt",
                           "No such file or directory")
+
+
+def test_python_dash_m_specserve_is_the_command():
+    """`python -m specserve` runs the same command: its subcommands, its exit codes."""
+    proc = run_cli("--help", module="specserve")
+    assert proc.returncode == 0, proc.err
+    assert all(name in proc.out for name in ("download", "generate", "demo", "bench", "serve"))
+    proc = run_cli("generate", "--prompt-file", "/nonexistent/prompt.txt", module="specserve")
+    assert_one_line_error(proc, "generate", 2, "--prompt-file /nonexistent/prompt.txt")
 
 
 def test_bad_field_is_reported_before_the_missing_model_is_looked_for():

@@ -1,13 +1,19 @@
 """The package's floors: a module never imports one of a higher floor, and no modules import
 each other in a circle. Every import is read from the source with `ast`, function-local and
-`TYPE_CHECKING` ones included, so a lazy import cannot hide an upward call."""
+`TYPE_CHECKING` ones included, so a lazy import cannot hide an upward call. The benchmarks sit
+outside: the package imports nothing from them, and their scripts use the public API only."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "specserve"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "specserve"
+SCRIPTS = ROOT / "benchmarks" / "scripts"
+# what a benchmark script may import: the facade (`LLM`, `SamplingParams`, ...) and the
+# benchmark's shipped prompts; anything else it needs goes through the CLI or the HTTP API
+PUBLIC = {"specserve", "specserve.bench.workloads", "specserve.bench.request_pool"}
 
 # lowest first; a module may import its own floor and the floors below it
 LAYERS = [
@@ -25,6 +31,7 @@ LAYERS = [
     {"llm"},  # the Python API
     {"server", "bench", "demo"},  # the front ends
     {"cli"},  # the command
+    {"__main__", "reference"},  # `python -m specserve`; the options' reference page
 ]
 FLOOR = {name: i for i, names in enumerate(LAYERS) for name in names}
 FACADE = "specserve"  # the package's __init__: re-exports the API, lazily
@@ -37,6 +44,17 @@ def module_name(path: Path) -> str:
 
 def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def absolute_imports(path: Path) -> set[str]:
+    """Every module name `path` imports absolutely (`from a.b import c`: `a.b` and `a.b.c`)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return out
 
 
 def imports(path: Path, known: set[str]) -> set[str]:
@@ -103,6 +121,27 @@ def test_no_import_circles():
         if m not in state and m != FACADE:
             visit(m, [m])
     assert not circles, "\n".join(circles)
+
+
+def test_the_package_imports_nothing_from_the_benchmarks():
+    found = sorted(f"{m} imports {i}" for m, p in modules().items()
+                   for i in absolute_imports(p) if i.split(".")[0] == "benchmarks")
+    assert not found, "\n".join(found)
+
+
+def test_benchmark_scripts_use_the_public_api_only():
+    import specserve
+
+    scripts = sorted(SCRIPTS.glob("*.py"))
+    assert scripts, f"no scripts under {SCRIPTS}"
+    known = set(modules())
+    for path in scripts:
+        used = imports(path, known)
+        assert used <= PUBLIC, f"{path.name} imports {sorted(used - PUBLIC)}"
+        names = {a.name for node in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(node, ast.ImportFrom) and node.module == FACADE
+                 for a in node.names}
+        assert names <= set(specserve.__all__), f"{path.name} imports {sorted(names)}"
 
 
 def test_the_reader_sees_function_local_and_relative_imports(tmp_path):

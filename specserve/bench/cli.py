@@ -7,11 +7,10 @@ from collections import Counter
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from specserve.bench import frontier_cli, peers, report, suites, workloads
+from specserve.bench import concurrency_cli, frontier_cli, peers, report, suites, workloads
 from specserve.bench.runner import Bench, BenchOptions, log, machine_info, summarize
 from specserve.flags import add_flag, add_flags, build
 from specserve.hub.registry import DEFAULT_DRAFT
-from specserve.sampling.params import SamplingParams
 from specserve.speculative.config import SpeculativeConfig
 from specserve.weights.config import LoadConfig
 
@@ -26,8 +25,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark suites: speed, acceptance and what was given up")
     p.add_argument("--suite", default="seed-table",
                    help=f"one of {sorted(suites.SUITES) + ['frontier']}")
-    p.add_argument("--configs", default=None, help="JSON list of {name, spec, temperature, workloads} "
-                   "instead of a suite")
+    p.add_argument("--configs", default=None,
+                   help="JSON list of {name, spec, temperature, workloads} (or a file holding "
+                   "one) instead of a suite")
     add_flags(p, LoadConfig)
     add_flag(p, SpeculativeConfig, "model", default=DEFAULT_DRAFT)
     add_flags(p.add_argument_group("timing"), BenchOptions)
@@ -39,23 +39,18 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-file", action="append", default=[], metavar="NAME=PATH",
                    help="a workload of your own, or a replacement for a shipped one (repeatable); "
                    "a suite runs every config on it, a --configs list only where a config names it")
-    p.add_argument("--no-bonus-rows", action="store_true", help="seed-table: skip the no-bonus rows")
-    p.add_argument("--compare", action="append", default=[], choices=["transformers", "llama.cpp", "openvino"])
+    p.add_argument("--no-bonus-rows", action="store_true",
+                   help="seed-table: skip the no-bonus rows")
+    p.add_argument("--compare", action="append", default=[],
+                   choices=["transformers", "llama.cpp", "openvino"],
+                   help="also time this engine on the same weights (repeatable)")
     p.add_argument("--no-assisted", action="store_true",
                    help="--compare transformers: skip assisted generation (no draft model)")
     p.add_argument("--verify-cost", type=int, default=0, metavar="MAX_K",
                    help="also measure T_verify(k)/T_decode for k = 1..MAX_K on the target")
-    p.add_argument("--concurrency", default=None, metavar="LEVELS",
-                   help="e.g. 1,2,4,8,16: serve that many requests at once per level, target only vs "
-                   "cost-aware speculation with and without --disable-by-batch-size (code_edit and "
-                   "creative unless --workloads says otherwise)")
-    p.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
-                   help="--concurrency: keep that many requests in flight for SECONDS per run "
-                   "(distinct requests, tokens counted after the first sixth) instead of serving "
-                   "one batch; see specserve.bench.concurrency")
-    p.add_argument("--disable-by-batch-size", type=int, default=4,
-                   help="--concurrency: the third configuration's disable_by_batch_size")
-    p.add_argument("--out", type=Path, default=Path("bench-out"))
+    concurrency_cli.add_concurrency_args(p)
+    p.add_argument("--out", type=Path, default=Path("bench-out"),
+                   help="the folder the reports are written to (default: bench-out)")
     frontier_cli.add_frontier_args(p)
     p.set_defaults(func=cmd_bench)
 
@@ -120,89 +115,11 @@ def list_workloads() -> int:
     return 0
 
 
-def concurrency_levels(text: str) -> list[int]:
-    try:
-        levels = [int(x) for x in text.split(",")]
-    except ValueError:
-        levels = []
-    if not levels or any(n < 1 for n in levels):
-        raise ValueError(f"--concurrency must be a comma-separated list of positive ints, got {text!r}")
-    return levels
-
-
-def cmd_concurrency(args) -> int:
-    """`--concurrency`: see `specserve.bench.concurrency`."""
-    from specserve.bench import concurrency as cc
-    from specserve.bench.request_pool import distinct_pool
-    from specserve.llm import LLM
-    from specserve.weights.loader import load_model
-
-    levels = concurrency_levels(args.concurrency)
-    if args.sustained < 0:
-        raise ValueError(f"--sustained must be >= 0 seconds, got {args.sustained}")
-    if args.sustained:
-        names = ("request_pool:mixed-even",)
-        texts = [text for _, text in distinct_pool("mixed-even")]
-    else:
-        names = tuple(args.workloads or ("code_edit", "creative"))
-        texts = list(workloads.resolve(names, prompt_files(args), args.workload_dir).values())
-    configs = cc.default_configs(args.disable_by_batch_size)
-    target = load_model(args.model, args.dtype, args.weights)
-    draft = load_model(args.draft_model, args.dtype, args.weights, draft=True)
-    log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s) and {draft.path.name} "
-        f"({draft.load_seconds:.1f}s)")
-    bench = Bench(target, draft, build(BenchOptions, args))
-    ids = [bench.prompt_ids(t) for t in texts]
-    longest = max(map(len, ids)) + 16
-    llms = []
-    for cfg in configs:
-        spec = dict(cfg.spec, model=str(draft.path)) if cfg.spec else None
-        llms.append(LLM(target, draft=draft, speculative_config=spec, max_num_seqs=max(levels),
-                        max_model_len=longest + args.max_tokens + 24))
-        llms[-1].generate(bench.prompt_ids(texts[0])[:32],
-                          SamplingParams(max_tokens=4, ignore_eos=True, temperature=0.0))  # warm-up
-    args.out.mkdir(parents=True, exist_ok=True)
-    records, offset = [], 0
-    for level in levels:
-        for rep in range(args.repeats):
-            for cfg, llm in zip(configs, llms):
-                if args.sustained:  # the same requests for every configuration
-                    run = cc.run_sustained(llm, ids, level, args.max_tokens, 0.0,
-                                           args.sustained, args.sustained / 6)
-                else:
-                    prompts = cc.unique_prompts(bench, texts, level, offset)
-                    offset += level
-                    run = cc.run_level(llm, prompts, args.max_tokens, 0.0)
-                rec = {"config": cfg.name, "concurrency": level, "repeat": rep, **run}
-                records.append(rec)
-                log(f"# {cfg.name} x{level} (repeat {rep}): {rec['tokens_per_s']:.1f} tok/s, "
-                    f"p50 latency {rec['p50_latency_s']:.1f}s, p50 TTFT {rec['p50_ttft_s']:.2f}s")
-    rows = cc.summarize_levels(records)
-    machine = machine_info(args.dtype)
-    machine.update(weights=args.weights, target_load_s=target.load_seconds,
-                   draft_load_s=draft.load_seconds)
-    payload = {"suite": "concurrency", "machine": machine, "levels": levels, "workloads": names,
-               "sustained_s": args.sustained, "max_tokens": args.max_tokens,
-               "records": records, "summary": rows}
-    (args.out / "concurrency.json").write_text(json.dumps(payload, indent=1, default=str))
-    table = cc.markdown(rows)
-    (args.out / "concurrency.md").write_text(
-        f"# specserve bench --concurrency\n\nMachine: {machine['cpu']}, {machine['cores']} cores, "
-        f"{machine['threads']} threads, weights {args.weights} ({machine['time']}). Workloads "
-        f"{', '.join(names)}, {args.max_tokens} tokens each, greedy, EOS ignored; "
-        + (f"each level's requests kept in flight for {args.sustained:g} s, tokens counted after "
-           f"{args.sustained / 6:g} s; " if args.sustained else "each level one batch; ")
-        + f"median of {args.repeats} repeat(s).\n\n{table}\n")
-    print(table)
-    log(f"# wrote {args.out / 'concurrency.json'}, {args.out / 'concurrency.md'}")
-    return 0
-
-
 def cmd_bench(args) -> int:
     if args.list_workloads:
         return list_workloads()
     if args.concurrency:
-        return cmd_concurrency(args)
+        return concurrency_cli.cmd_concurrency(args, prompt_files(args))
     if args.suite == "frontier" and not args.configs:
         return frontier_cli.cmd_frontier(args, prompt_files(args))
     configs = load_configs(args)
@@ -224,7 +141,8 @@ def cmd_bench(args) -> int:
     target = load_model(args.model, args.dtype, args.weights)
     needs_draft = any(c.spec and suites.uses_draft(c.spec) for c in configs)
     wants_draft = needs_draft or ("transformers" in args.compare and not args.no_assisted)
-    draft = load_model(args.draft_model, args.dtype, args.weights, draft=True) if wants_draft else None
+    draft = (load_model(args.draft_model, args.dtype, args.weights, draft=True) if wants_draft
+             else None)
     log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s)"
         + (f" and {draft.path.name} ({draft.load_seconds:.1f}s)" if draft else ""))
     bench = Bench(target, draft, options)
@@ -232,7 +150,8 @@ def cmd_bench(args) -> int:
     records = []
     suite = args.suite if not args.configs else "custom"
     args.out.mkdir(parents=True, exist_ok=True)
-    partial = args.out / f"{suite}.records.jsonl"  # every record as it comes: an interrupted run keeps them
+    # every record as it comes: an interrupted run keeps them
+    partial = args.out / f"{suite}.records.jsonl"
     partial.write_text("")
     with tqdm(total=bench.count_runs(configs, prompts), desc="bench", unit="run") as bar:
         bench.progress = bar
@@ -288,7 +207,8 @@ def _verify_cost(args, target) -> dict | None:
     from specserve.bench.verify_cost import format_verify_cost, verify_cost
     from specserve.engine.runner import ModelRunner
 
-    times = verify_cost(ModelRunner(target.model, num_blocks=512 // 16), list(range(1, args.verify_cost + 1)))
+    times = verify_cost(ModelRunner(target.model, num_blocks=512 // 16),
+                        list(range(1, args.verify_cost + 1)))
     print(format_verify_cost(times))
     return times
 

@@ -189,7 +189,7 @@ def run_openvino(target: Path, prompts: dict[str, list[int]], max_tokens: int, r
                              (c.tokens - 1) / max(1e-9, c.times[-1] - c.times[0]) for c in clocks),
                          "output_tokens": statistics.median(c.tokens for c in clocks),
                          "matches": MATCHES[mode], "load_s": load_s})
-        del pipe
+        pipe = None  # freed before the next mode's pipeline loads
     return rows
 
 

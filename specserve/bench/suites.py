@@ -6,7 +6,7 @@ temperature; the runner crosses it with workloads, seeds and repeats.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 WORKLOADS = ("code_edit", "creative", "summarize", "chat_short")
 SESSIONS = ("agent_session", "code_revision_chat")

@@ -50,6 +50,20 @@ def test_concurrency_levels_run_end_to_end(tmp_path):
     assert "| config | concurrent |" in (out / "concurrency.md").read_text()
 
 
+def test_disable_by_batch_size_flag_is_the_declared_option_checked_before_loading(capsys):
+    """The flag comes from `SpeculativeConfig.disable_by_batch_size` (its help and check);
+    a bad value is refused naming the flag, before any model is looked up."""
+    from specserve.cli import build_parser
+
+    sub = build_parser()._subparsers._group_actions[0].choices["bench"]
+    action = sub._option_string_actions["--disable-by-batch-size"]
+    assert action.default == 4 and action.help.startswith("draft nothing while")
+    rc = main(["bench", "--concurrency", "1", "--model", "/nonexistent/model",
+               "--disable-by-batch-size", "0"])
+    assert rc == 2
+    assert "--disable-by-batch-size must be >= 1" in capsys.readouterr().err
+
+
 def test_sustained_levels_run_end_to_end(tmp_path):
     t = tiny.save_hf_dir(tiny.build_hf_model("llama", seed=0), tmp_path / "t")
     d = tiny.save_hf_dir(tiny.build_hf_model("llama", seed=1), tmp_path / "d")

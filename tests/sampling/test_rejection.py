@@ -317,7 +317,7 @@ def test_chi_square_catches_a_broken_sampler(monkeypatch, bug):
 
 def test_budget_one_accepts_every_draft_token_whatever_p_says():
     rng = np.random.default_rng(2)
-    for trial in range(50):
+    for _ in range(50):
         vocab, k = int(rng.integers(3, 9)), int(rng.integers(1, 6))
         target = t64(rng.dirichlet([0.3] * vocab, size=k + 1))  # [k + 1, V]
         target[:k, 0] = 0.0  # p(x) = 0 is still accepted below when x = 0 is drafted

@@ -381,7 +381,7 @@ def test_killing_a_replica_mid_load_loses_no_request_that_had_not_started_stream
 
 
 # ----------------------------------------------------------------------------- the single server's own tests, replicated
-from tests.server.test_serve import (  # noqa: E402  (collected here, against the replicated server)
+from tests.server.test_serve import (  # noqa: E402, F401  (collected here, against the replicated server)
     test_bad_input_gets_its_status_and_an_openai_error_body, test_chat_stream_equals_the_non_streamed_greedy_text_with_exact_usage,
     test_completion_usage_counts_prompt_ids_and_generated_tokens_exactly,
     test_missing_or_wrong_api_key_gets_401_on_the_api_and_metrics_and_health_stays_open, test_models_and_health_list_the_served_model,
@@ -390,9 +390,9 @@ from tests.server.test_serve import (  # noqa: E402  (collected here, against th
     test_sixteen_concurrent_streams_each_equal_their_solo_greedy_output,
     test_stop_string_cuts_the_text_in_plain_and_streamed_responses,
     test_stream_carries_origins_in_deltas_and_statistics_in_its_last_chunk, test_unknown_routes_and_methods_get_error_bodies)
-from tests.server.test_page import (  # noqa: E402
+from tests.server.test_page import (  # noqa: E402, F401
     test_the_page_and_its_assets_are_served_from_the_package_without_outside_urls)
-from tests.server.test_serve import (  # noqa: E402  (last: it stops the server)
+from tests.server.test_serve import (  # noqa: E402, F401  (last: it stops the server)
     test_sigterm_lets_in_flight_requests_finish_aborts_the_rest_and_exits_0)
 
 

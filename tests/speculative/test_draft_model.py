@@ -5,7 +5,6 @@ greedy output stays the target's token for token throughout."""
 
 from __future__ import annotations
 
-import pytest
 
 from specserve.llm import LLM
 from tests import tiny

@@ -190,8 +190,7 @@ def test_real_model_equals_gguf_reader() -> None:
 
 
 def test_large_vocabulary_header_is_read_whole() -> None:
-    """The 151936-entry vocabulary of the default target, every tensor listed (its parsing
-    speed is measured by benchmarks/scripts/lookup_and_header_speed.py)."""
+    """The 151936-entry vocabulary of the default target, every tensor listed."""
     path = real_model_path("qwen2.5-coder-1.5b")
     gguf_file = GGUFFile(path)
     tokens = gguf_file.metadata["tokenizer.ggml.tokens"]
@@ -215,7 +214,7 @@ def test_missing_file_is_a_value_error_naming_it(tmp_path: Path) -> None:
 @pytest.mark.parametrize("data", [b"", b"GG", b"GGML" + b"\0" * 40, b"<!DOCTYPE html>"], ids=["empty", "short", "ggml", "html"])
 def test_bad_magic_is_not_a_gguf_file(tmp_path: Path, data: bytes) -> None:
     path = write_bytes(tmp_path, data)
-    with pytest.raises(ValueError, match=rf"crafted\.gguf: not a GGUF file"):
+    with pytest.raises(ValueError, match=r"crafted\.gguf: not a GGUF file"):
         GGUFFile(path)
 
 
