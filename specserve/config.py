@@ -40,7 +40,7 @@ from typing import Callable
 
 from specserve.engine.config import EngineConfig
 from specserve.default_speculation import COST_AWARE, for_llm, hybrid_speculation  # noqa: F401
-from specserve.hub.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from specserve.hub.registry import DEFAULT_TARGET
 from specserve.flags import add_flags, build, flag_errors, given
 from specserve.options import flag_name
 from specserve.speculative.config import SpeculativeConfig

@@ -147,7 +147,6 @@ class GatedDeltaNet:
 
     def _gated_norm(self, core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """RMSNorm of each value head (float32), times the weight, times SiLU(z)."""
-        la = self.dims
         x = core.to(STATE_DTYPE)  # [rows, v_heads, dv]
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         x = self.norm * x.to(core.dtype)
