@@ -11,18 +11,18 @@ import json
 
 import openai
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from tests.server.real_serve import REAL_NAME, real_client
 from tests.server.test_tools_e2e import READ_FILE, WEATHER
 
 HELLO = [{"role": "user", "content": "Say hello to me in one short sentence."}]
-GREEDY = {"model": REAL_NAME, "temperature": 0, "max_tokens": 64}
+GREEDY = {"model": REAL_NAME, "temperature": 0, "max_tokens": 96}
 
 
-class Joke(BaseModel):
-    setup: str
-    punchline: str
+class Joke(BaseModel):  # bounded: greedy, a small model's punchline can run on forever
+    setup: str = Field(max_length=80)
+    punchline: str = Field(max_length=80)
 
 
 class Lookup(BaseModel):
@@ -61,8 +61,10 @@ def test_a_named_function_is_the_one_called_with_arguments_of_its_schema(client)
 def test_a_streamed_required_call_reassembles_to_valid_arguments(client):
     from tests.server.test_tools import accumulate
 
+    # one call: with parallel calls allowed, the model calls get_weather for city after city
     chunks = client.chat.completions.create(messages=HELLO, tools=[WEATHER], stream=True,
-                                            tool_choice="required", **GREEDY)
+                                            tool_choice="required", parallel_tool_calls=False,
+                                            **GREEDY)
     content, calls, finish = accumulate(chunks)
     assert finish == "tool_calls" and calls and content is None
     assert all(name == "get_weather" and "city" in json.loads(args) for name, args in calls)

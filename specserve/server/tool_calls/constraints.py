@@ -10,6 +10,10 @@
   (`llama3_json`) get none. `response_format` or `structured_outputs` win over it (as in
   vLLM, whose grammar then holds the whole output).
 - `response_format` json_object / json_schema: `json_object=True` / `json=<schema>`.
+- `strict: true` (a json_schema response format, a function) means OpenAI's strict mode: an
+  object schema that does not say otherwise takes no properties beyond its own
+  (`additionalProperties: false`, as OpenAI requires of strict schemas and xgrammar's strict
+  mode assumes).
 - `structured_outputs`: as given (not together with `response_format`, nor with calls
   required).
 """
@@ -61,6 +65,8 @@ def _given(req) -> Constraint | None:
     if fmt is None or fmt.type == "text":
         return None
     schema = fmt.json_schema.json_schema if fmt.type == "json_schema" else None
+    if schema is not None and fmt.json_schema.strict:
+        schema = strict_schema(schema)
     params = (StructuredOutputsParams(json=schema) if schema is not None
               else StructuredOutputsParams(json_object=True))
     return Constraint(params, "response_format")
@@ -72,7 +78,8 @@ def _tools(req, fmt: ToolFormat, choice) -> StructuredOutputsParams:
     if not isinstance(choice, str):
         functions = [f for f in functions if f.name == choice.function.name]
     schemas = [call_schema(f.name, fmt.arguments_key,
-                           f.parameters if (f.strict or not triggered) else None)
+                           (strict_schema(f.parameters) if f.strict and f.parameters
+                            else f.parameters) if (f.strict or not triggered) else None)
                for f in functions]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     separator = fmt.separator if req.parallel_tool_calls is not False else None
@@ -85,3 +92,18 @@ def call_schema(name: str, arguments_key: str, parameters: dict | None) -> dict:
     return {"type": "object",
             "properties": {"name": {"const": name}, arguments_key: parameters or ANY_OBJECT},
             "required": ["name", arguments_key], "additionalProperties": False}
+
+
+def strict_schema(schema: object) -> object:
+    """`schema` with `additionalProperties: false` on every object schema that sets neither it
+    nor `patternProperties` (OpenAI's strict mode), through every nested schema."""
+    if isinstance(schema, list):
+        return [strict_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: strict_schema(v) if k not in ("const", "enum", "default", "examples") else v
+           for k, v in schema.items()}
+    is_object = out.get("type") == "object" or "properties" in out
+    if is_object and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out

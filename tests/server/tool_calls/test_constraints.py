@@ -43,10 +43,10 @@ def constraint(tok, **fields) -> StructuredOutputsParams | None:
 
 def test_required_holds_the_output_to_calls_of_any_tool_in_the_native_syntax(hermes_tok):
     got = constraint(hermes_tok, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice="required")
+    strict_time = {**TIME_TOOL["function"]["parameters"], "additionalProperties": False}
     assert got.structural == Structural(
         "<tool_call>\n", {"anyOf": [call_schema("get_weather", "arguments", WEATHER_PARAMS),
-                                    call_schema("get_time", "arguments",
-                                                TIME_TOOL["function"]["parameters"])]},
+                                    call_schema("get_time", "arguments", strict_time)]},
         "\n</tool_call>", "\n</tool_call>\n<tool_call>\n", triggered=False)
     assert call_schema("f", "arguments", None)["properties"]["arguments"] == {"type": "object"}
 
@@ -65,7 +65,8 @@ def test_auto_with_a_strict_tool_triggers_at_the_marker_and_loose_tools_take_any
     got = constraint(hermes_tok, tools=[WEATHER_TOOL, TIME_TOOL]).structural
     assert got.triggered and got.begin == "<tool_call>\n"
     assert got.schema["anyOf"][0] == call_schema("get_weather", "arguments", None)
-    assert got.schema["anyOf"][1]["properties"]["arguments"] == TIME_TOOL["function"]["parameters"]
+    strict = got.schema["anyOf"][1]["properties"]["arguments"]  # strict: nothing beyond its own
+    assert strict == {**TIME_TOOL["function"]["parameters"], "additionalProperties": False}
     assert constraint(hermes_tok, tools=[WEATHER_TOOL]) is None  # nothing strict: no grammar
 
 
@@ -110,8 +111,8 @@ def test_the_compiler_gets_the_constraint_and_its_refusal_is_a_400_naming_the_fi
     compiler = RecordingCompiler()
     made = job(hermes_tok, [ASKED], compiler, tools=[TIME_TOOL], tool_choice="required")
     assert compiler.seen == [made.params.structured_outputs]
-    assert made.grammar == ("compiled", made.params.structured_outputs.key())
-    assert job(hermes_tok, [ASKED], compiler).grammar is None  # no constraint: nothing compiled
+    job(hermes_tok, [ASKED], compiler)
+    assert len(compiler.seen) == 1  # no constraint: nothing compiled
     refusing = RecordingCompiler("the keyword 'patternProperties' is not supported")
     for fields, param in [({"tools": [TIME_TOOL], "tool_choice": "required"}, "tools"),
                           ({"response_format": {"type": "json_object"}}, "response_format"),
@@ -141,3 +142,21 @@ def test_formats_without_a_marker_get_no_trigger(tmp_path):
     assert constraint(tok, tools=[TIME_TOOL]) is None
     assert constraint(tok, tools=[TIME_TOOL], tool_choice="required").structural.begin == ""
     assert GENERIC.begin and HERMES.begin
+
+
+def test_strict_schemas_take_no_properties_beyond_their_own():
+    from specserve.server.tool_calls.constraints import strict_schema
+
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"b": {"type": "string"}}},
+        "c": {"type": "array", "items": {"properties": {"d": {"const": {"x": 1}}}}},
+        "e": {"type": "object", "additionalProperties": True},
+        "f": {"type": "object", "patternProperties": {"^x": {"type": "string"}}}}}
+    out = strict_schema(schema)
+    assert out["additionalProperties"] is False
+    assert out["properties"]["a"]["additionalProperties"] is False
+    assert out["properties"]["c"]["items"]["additionalProperties"] is False
+    assert out["properties"]["c"]["items"]["properties"]["d"] == {"const": {"x": 1}}
+    assert out["properties"]["e"]["additionalProperties"] is True
+    assert "additionalProperties" not in out["properties"]["f"]
+    assert "additionalProperties" not in schema  # the request's own schema is not changed
