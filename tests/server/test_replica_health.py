@@ -1,7 +1,7 @@
 """The replica path's liveness, on a local Ray (one CPU, no dashboard) with no engine replica
 deployed: a stats board that fails turns `/health` to 503 within the stale time, however
 fresh the figures kept from before; a replica retries its posts with a growing delay; a
-replica without an engine fails its health check and its calls."""
+replica without an engine fails its calls, and its health check once the server serves."""
 
 from __future__ import annotations
 
@@ -57,6 +57,9 @@ def test_a_failed_stats_board_turns_health_503_within_the_stale_time(local_ray, 
     app, _ = build_app(pool, tokenizer, ModelLimits("tiny", 1024, tokenizer.vocab_size, False, 2))
     try:
         with TestClient(app) as client:
+            deadline = time.monotonic() + 30  # until a refresh has seen a fresh post
+            while client.get("/health").status_code != 200 and time.monotonic() < deadline:
+                time.sleep(0.1)
             assert client.get("/health").status_code == 200
             ray.kill(board)
             start = time.monotonic()
@@ -78,7 +81,8 @@ def test_a_replica_retries_its_posts_with_a_growing_delay(local_ray, monkeypatch
     monkeypatch.setattr(deployment, "post_delay", lambda failures: 0.01 * 2 ** failures)
     replica = EngineReplica.__new__(EngineReplica)
     replica._stop, replica.replica, replica.served = threading.Event(), "r0", 0
-    replica.engine = type("Engine", (), {"dead_reason": None, "stats": staticmethod(stats)})()
+    replica.engine = type("Engine", (), {"dead_reason": None, "stats": staticmethod(stats),
+                                         "shutdown": lambda self, timeout: None})()
     tries = []
 
     def flaky_post(info):
@@ -94,10 +98,13 @@ def test_a_replica_retries_its_posts_with_a_growing_delay(local_ray, monkeypatch
     assert len(tries) == 4 and gaps[0] < gaps[2]  # it kept trying, waiting longer each time
 
 
-def test_a_replica_without_an_engine_fails_its_health_check_and_its_calls():
+def test_a_replica_without_an_engine_fails_its_health_check_once_serving_and_its_calls(
+        local_ray):
     replica = EngineReplica.__new__(EngineReplica)
-    replica.engine, replica.replica = None, "r0"
+    replica.engine, replica.replica, replica.board = None, "r0", StatsBoard.remote()
     replica.start_failure = StartFailure("os", "cannot map the weights")
+    replica.check_health()  # starting: the serving process reads the failure from `describe`
+    ray.get(replica.board.serve.remote())  # it read another replica's: it serves
     with pytest.raises(RuntimeError, match="has no engine.*cannot map the weights"):
         replica.check_health()
 

@@ -72,12 +72,20 @@ class ReplicaInfo:
 
 @ray.remote(num_cpus=0)
 class StatsBoard:
-    """The latest post of each replica, and the drain order of a shutdown. Owned by the serving
-    process (dies with it)."""
+    """The latest post of each replica, whether the serving process serves (it has read a
+    replica's description: replicas started), and the drain order of a shutdown. Owned by the
+    serving process (dies with it)."""
 
     def __init__(self) -> None:
         self._posts: dict[str, ReplicaInfo] = {}
         self._drain_deadline: float | None = None
+        self._serving = False
+
+    def serve(self) -> None:
+        self._serving = True
+
+    def serving(self) -> bool:
+        return self._serving
 
     def post(self, info: ReplicaInfo) -> float | None:
         """Record a replica's figures; answer the drain deadline (time.time()) once set."""
@@ -101,7 +109,7 @@ class EngineReplica:
         from specserve.llm import LLM
 
         self._stop = threading.Event()  # first: __del__ finds it whatever fails below
-        self.engine, self.start_failure = None, None
+        self.engine, self.start_failure, self.board = None, None, board
         self.replica = serve.get_replica_context().replica_id.unique_id
         _foreground_priority()
         try:  # the start-up work runs on the engine's thread, inside async_engine()
@@ -111,7 +119,7 @@ class EngineReplica:
             self.start_failure = StartFailure("value" if isinstance(e, ValueError) else "os",
                                               str(e))
             return
-        self.board, self.served = board, 0
+        self.served = 0
         self._poster = threading.Thread(target=self._post_stats, name="stats-poster", daemon=True)
         self._poster.start()
         log.info("specserve: replica %s (pid %d) ready", self.replica, os.getpid())
@@ -143,11 +151,15 @@ class EngineReplica:
 
     def check_health(self) -> None:
         """Ray Serve's periodic probe: a dead engine fails it, and so does having none (a
-        replica that could not build its engine); Ray Serve replaces the replica (meanwhile it
-        posts no figures, so the pool stops routing to it). Where every replica fails to start
-        alike, the serving process stops first: `describe` hands the error back."""
+        replica that could not build its engine) once the server serves; Ray Serve replaces the
+        replica (meanwhile it posts no figures, so the pool stops routing to it). Before that
+        it passes: where every replica fails to start alike, `describe` hands the error back and
+        the serving process stops with it, instead of Ray Serve restarting replicas that fail
+        the same way."""
         if self.engine is None:
-            raise RuntimeError(f"replica {self.replica} has no engine: {self.start_failure}")
+            if ray.get(self.board.serving.remote(), timeout=10):
+                raise RuntimeError(f"replica {self.replica} has no engine: {self.start_failure}")
+            return
         if self.engine.dead_reason is not None:
             raise RuntimeError(f"replica {self.replica}: the engine is dead: {self.engine.dead_reason}")
 
