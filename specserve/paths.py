@@ -57,7 +57,8 @@ def untrusted_ancestry(folder: Path) -> str | None:
         if me is not None and st.st_uid not in (me, 0):
             return f"{above} (above it) is owned by user id {st.st_uid}"
         if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-            return f"{above} (above it) is writable by others than its owner (mode {st.st_mode & 0o777:o})"
+            return (f"{above} (above it) is writable by others than its owner "
+                    f"(mode {st.st_mode & 0o777:o})")
     return None
 
 

@@ -123,7 +123,8 @@ class Guard:
             if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
                                                                       self.api_key.encode()):
                 return APIError(401, "invalid API key", code="invalid_api_key")
-        if method == "POST" and path.startswith("/v1/") and not is_json(headers.get("content-type")):
+        if method == "POST" and path.startswith("/v1/") \
+                and not is_json(headers.get("content-type")):
             return APIError(415, f"the body must be sent as JSON (Content-Type: application/json), "
                             f"got {headers.get('content-type')!r}", code="unsupported_media_type")
         return None
@@ -147,6 +148,7 @@ def is_json(content_type: str | None) -> bool:
 async def _send_error(send: Send, error: APIError) -> None:
     body = json.dumps(error.body()).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                for k, v in error.headers.items()]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -54,9 +54,9 @@ class ServerLimits:
     send_buffer_bytes: int = 256 << 10
 
     def __post_init__(self) -> None:
-        for name in ("max_choices", "max_messages", "max_preparing", "retry_after_s",
-                     "max_connections", "send_buffer_bytes") + (("max_prompt_chars",) if self.max_prompt_chars
-                                           is not None else ()):
+        counts = ("max_choices", "max_messages", "max_preparing", "retry_after_s",
+                  "max_connections", "send_buffer_bytes")
+        for name in counts + (("max_prompt_chars",) if self.max_prompt_chars is not None else ()):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

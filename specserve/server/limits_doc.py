@@ -46,7 +46,8 @@ REQUEST = (
      "the k of FLy's entropy gate, on every verified row"),
 )
 TIMES = (
-    ("server/replicas/deployment.py", "STATS_PERIOD_S", "s between a replica's posts of its figures"),
+    ("server/replicas/deployment.py", "STATS_PERIOD_S", "s between a replica's posts of its "
+     "figures"),
     ("server/replicas/deployment.py", "MAX_POST_DELAY_S", "s at most between a replica's posts "
      "while the board does not answer (the delay doubles from the period)"),
     ("server/replicas/pool.py", "REFRESH_S", "s between the pool's refreshes of the figures"),
@@ -92,7 +93,8 @@ def request_rows() -> list[str]:
 def constant(relative: str, name: str) -> float:
     tree = ast.parse((HERE.parent / relative).read_text())
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(getattr(t, "id", None) == name for t in targets):
             return ast.literal_eval(node.value)
     raise KeyError(f"{relative} declares no {name}")
 

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from specserve.bench import soak
-from tests.server.conftest import KEY, model_dir, start_server  # noqa: F401 (a fixture)
+from tests.server.conftest import KEY, start_server
 
 TIMEOUT_S = 2
 

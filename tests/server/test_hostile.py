@@ -224,7 +224,8 @@ def test_prompt_text_beyond_what_the_context_could_hold_is_refused_before_tokeni
 def test_a_body_not_sent_as_json_is_refused_and_the_page_can_be_neither_framed_nor_sniffed(
         hostile):
     body = json.dumps({"model": NAME, "prompt": "x", "max_tokens": 1})
-    for headers in ({}, {"content-type": "text/plain"}, {"content-type": "application/x-www-form-urlencoded"}):
+    for headers in ({}, {"content-type": "text/plain"},
+                    {"content-type": "application/x-www-form-urlencoded"}):
         r = httpx.post(f"{hostile.base_url}/v1/completions", content=body,
                        headers={**AUTH, **headers})
         assert r.status_code == 415 and error_of(r)["code"] == "unsupported_media_type", headers

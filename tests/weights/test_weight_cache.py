@@ -37,28 +37,6 @@ def logits(loaded) -> torch.Tensor:
     return m.forward(cache.batch([IDS], [0], [0]), cache.pool)[0]  # [T, vocab]
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A private `$SPECSERVE_CACHE`; returns its weights directory."""
-    assert kernels.qmatmul() is not None, "these tests need the native kernels (AVX2)"
-    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path / "cache"))  # kernels: already loaded
-    return tmp_path / "cache" / "weights"
-
-
-@pytest.fixture
-def repacks(monkeypatch):
-    """Counts quantizations: a load from the cache makes none."""
-    calls = []
-    original = quant.quantize_native
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(quant, "quantize_native", counting)
-    return calls
-
-
 def entries(directory):
     return sorted(directory.glob(f"*{weight_cache.SUFFIX}"))
 

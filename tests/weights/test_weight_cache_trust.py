@@ -12,7 +12,7 @@ import torch
 
 from specserve.paths import untrusted
 from specserve.weights.loader import load_model
-from tests.weights.test_weight_cache import cache, entries, logits, repacks, write_gguf  # noqa: F401
+from tests.weights.test_weight_cache import entries, logits, write_gguf
 
 
 @pytest.mark.parametrize("bit", [0o020, 0o002], ids=["group-writable", "world-writable"])
