@@ -78,7 +78,7 @@ class ServerState:
     metrics: ServerMetrics
     bounds: ServerLimits
     admission: Admission
-    intake: Intake | None = None
+    intake: Intake
     created: int = field(default_factory=lambda: int(time.time()))
     accepting: bool = True
 

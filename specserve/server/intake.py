@@ -52,9 +52,6 @@ class Intake:
         with self._lock:
             self.preparing -= 1
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
 
 def check_body(path: str, body: bytes, max_messages: int, max_model_len: int) -> APIError | None:
     """Why the body of a request to `path` is refused before the app validates it: malformed
