@@ -193,6 +193,8 @@ def test_n_16_on_8_slots_is_served_a_share_at_a_time_and_equals_each_completion_
              for i in range(16)]
     assert [c["index"] for c in choices] == list(range(16))
     assert [c["text"] for c in choices] == alone and len(set(alone)) > 1
+    unsplit = post(hostile, {**sampled, "n": SLOTS // 2, "seed": 5}).json()["choices"]  # a share
+    assert [c["text"] for c in sorted(unsplit, key=lambda c: c["index"])] == alone[:SLOTS // 2]
     assert together.json()["usage"]["completion_tokens"] == 16 * 8
     assert together.json()["usage"]["prompt_tokens"] == post(hostile, sampled).json()[
         "usage"]["prompt_tokens"]  # the prompt counted once, as for one request
