@@ -2,9 +2,10 @@
 close as a polite client does). Each returns one outcome word:
 
 - `stalled_stream`: sends a streaming chat request and reads nothing for `hold_s` seconds,
-  then reads what is there: "dropped" (the server closed it before its end: the write
-  timeout), "completed" (the whole answer fitted in the buffers), "refused" (429), "held"
-  (still open and unfinished: the server kept it), "error" (any other answer);
+  then reads for at most 10 s: "dropped" (the server closed it before its end: the write
+  timeout), "completed" (the whole answer was sent), "refused" (429), "open" (still open and
+  unfinished: the server's buffers had not filled, so the write timeout had not started; a
+  server that never drops a stalled client shows here), "error" (any other answer);
 - `trickled_body`: sends a request head, then its body a byte at a time: "timed_out" (the
   server answered 408 and closed), "held" (no answer within `give_up_s`), "error";
 - `half_open`: opens a connection, sends half a request head and goes silent: "closed" (the
@@ -33,17 +34,21 @@ def _head(method: str, path: str, api_key: str | None, length: int) -> bytes:
 
 
 def _read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, bool]:
-    """Everything until the server closes the connection (True), or until `timeout` (False)."""
-    sock.settimeout(timeout)
-    data = b""
+    """Everything until the server closes the connection (True), or until `timeout` seconds
+    have passed (False)."""
+    deadline, data = time.monotonic() + timeout, b""
     try:
-        while chunk := sock.recv(1 << 16):
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                return data, True
             data += chunk
     except TimeoutError:
-        return data, False
+        pass
     except ConnectionResetError:  # dropped: the kernel reset what it still had to send
         return data, True
-    return data, True
+    return data, False
 
 
 def stalled_stream(url: str, api_key: str | None, model: str, prompt: str, max_tokens: int,
@@ -63,7 +68,7 @@ def stalled_stream(url: str, api_key: str | None, model: str, prompt: str, max_t
         return "error"
     if b"data: [DONE]" in data:
         return "completed"
-    return "dropped" if closed else "held"
+    return "dropped" if closed else "open"
 
 
 def trickled_body(url: str, api_key: str | None, pause_s: float, give_up_s: float) -> str:

@@ -11,8 +11,9 @@ mixed with bad and hostile clients, then the server's own figures.
 - a burst client sends `--burst` requests at once every few seconds, enough to reach 429.
 At the end it waits for the server to go idle and prints one JSON object: requests served,
 4xx, 429 and 5xx answers, lost requests (a connection error or a stream without `[DONE]`,
-other than the deliberate disconnects), hostile connections the server still held
-(`held`), the well-behaved clients' p50/p99 latency, the server's resident memory at the start
+other than the deliberate disconnects), hostile connections the server still held past its
+timeouts (`held`), the outcome of each kind of client (`outcomes`: e.g. `stalled:dropped`),
+the well-behaved clients' p50/p99 latency, the server's resident memory at the start
 and the end (from /proc/PID/status, with --pid), and KV cache blocks in use after the run.
 The starting memory is read `--warmup` seconds into the run, once the first requests have
 allocated what the server keeps for good. Localhost only.
