@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -42,7 +42,7 @@ from specserve.server.config import DEFAULT_MAX_BODY_BYTES
 from specserve.server.errors import APIError, from_value_error, internal_error
 from specserve.server.guard import Guard
 from specserve.server.intake import Intake, check_body, longest_token_chars
-from specserve.server.limits import ServerLimits, prompt_char_bound
+from specserve.server.limits import ServerLimits
 from specserve.server.metrics import CONTENT_TYPE, ServerMetrics
 from specserve.server.preparation import Job, ModelLimits, chat_jobs, completion_jobs
 from specserve.server.protocol import (ChatCompletionRequest, ChatCompletionResponse, CompletionRequest,
@@ -93,7 +93,8 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
     """The app around `engine`; `bounds`: what requests and clients may ask for (the
     defaults of `ServerLimits` unless given; no `max_prompt_chars`: `prompt_char_bound` of
     this model)."""
-    bounds = model_bounds(bounds, tokenizer, limits)
+    bounds = bounds.for_model(limits.max_model_len, longest_token_chars(
+        tokenizer.backend.get_vocab(with_added_tokens=True)))
     state = ServerState(engine, tokenizer, limits, ServerMetrics(engine.stats, limits.name), bounds,
                         Admission(limits.max_num_seqs, bounds.max_waiting, bounds.retry_after_s),
                         Intake(bounds.max_preparing, bounds.retry_after_s))
@@ -173,14 +174,6 @@ def _document_400_not_422(app: FastAPI) -> None:
         return app.openapi_schema
 
     app.openapi = openapi
-
-
-def model_bounds(bounds: ServerLimits, tokenizer: Tokenizer, limits: ModelLimits) -> ServerLimits:
-    """`bounds` with the prompt character bound this model implies, unless one is given."""
-    if bounds.max_prompt_chars is not None:
-        return bounds
-    longest = longest_token_chars(tokenizer.backend.get_vocab(with_added_tokens=True))
-    return replace(bounds, max_prompt_chars=prompt_char_bound(limits.max_model_len, longest))
 
 
 async def _prepare(state: ServerState, make_jobs, sequences: int = 1) -> list[Job]:

@@ -29,7 +29,7 @@ bounds of the API; a test keeps it in step):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
@@ -73,6 +73,14 @@ class ServerLimits:
         if not self.allowed_hosts or not all(isinstance(h, str) and h for h in self.allowed_hosts):
             raise ValueError(f"allowed_hosts must be non-empty host names, got {self.allowed_hosts!r}")
         object.__setattr__(self, "allowed_hosts", tuple(h.lower() for h in self.allowed_hosts))
+
+    def for_model(self, max_model_len: int, longest_token_chars: int) -> ServerLimits:
+        """These limits with the prompt character bound a model implies (`prompt_char_bound`),
+        unless one is set."""
+        if self.max_prompt_chars is not None:
+            return self
+        return replace(self, max_prompt_chars=prompt_char_bound(max_model_len,
+                                                                longest_token_chars))
 
     def slots_per_request(self, max_num_seqs: int) -> int:
         """Sequences one request may hold in the engine at once (at least one)."""
