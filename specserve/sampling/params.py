@@ -38,6 +38,11 @@ GREEDY_TEMPERATURE = 1e-5
 PENALTY_RANGE = 2.0  # presence and frequency penalties live in [-2, 2]
 SEED_LIMIT = 2**63  # seeds live in [-2**63, 2**63): an int64, as in the OpenAI API
 MAX_STOP_STRINGS = 16  # stop strings per request
+# Per-step work a request sets: the top-k filter and the entropy gates take the k largest
+# probabilities of each verified row, every step; beyond these every batch would pay for one
+# request's choice
+MAX_TOP_K = 1024
+MAX_ENTROPY_TOP_K = 64  # the k of `tv_entropy_top_k` and `fly_top_k`
 MAX_STOP_CHARS = 256  # characters per stop string
 
 
@@ -55,7 +60,8 @@ class SamplingParams:
 
     n: int = option(1, "completions per prompt")
     temperature: float = option(1.0, "0 = greedy")
-    top_k: int = option(-1, "keep the k most likely tokens (-1 or 0: disabled)")
+    top_k: int = option(-1, f"keep the k most likely tokens (-1 or 0: disabled; at most "
+                        f"{MAX_TOP_K})")
     top_p: float = option(1.0, "keep the smallest set of tokens whose probability reaches p")
     min_p: float = option(0.0, "drop tokens below min_p times the most likely one's probability")
     repetition_penalty: float = option(1.0, "divide the logits of tokens already seen (> 1)")
@@ -117,7 +123,7 @@ class SamplingParams:
         if not (math.isfinite(temperature) and temperature >= 0):
             raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature!r}")
         self._set("temperature", temperature)
-        self._set("top_k", require_int("top_k", self.top_k))
+        self._set("top_k", require_int("top_k", self.top_k, maximum=MAX_TOP_K))
         if self.top_k == 0:
             self._set("top_k", -1)
         elif self.top_k != -1 and self.top_k < 1:
@@ -182,7 +188,7 @@ class SamplingParams:
     def _check_lossy(self) -> None:
         if self.tv_entropy_top_k is not None:
             self._set("tv_entropy_top_k", require_int("tv_entropy_top_k", self.tv_entropy_top_k,
-                                                      minimum=2))
+                                                      minimum=2, maximum=MAX_ENTROPY_TOP_K))
         window, tau, top_k = check_fly("fly", self.fly_window if self.fly_window is not None
                                        else 1, self.fly_entropy_threshold, self.fly_top_k)
         if self.fly_window is not None:
@@ -193,13 +199,14 @@ class SamplingParams:
 
 def check_fly(prefix: str, window: object, entropy_threshold: object,
               top_k: object) -> tuple[int, float, int]:
-    """FLy's settings, checked: window W >= 1, entropy threshold in [0, 1], top-k >= 2 (the
-    errors name `{prefix}_window`, `{prefix}_entropy_threshold`, `{prefix}_top_k`)."""
+    """FLy's settings, checked: window W >= 1, entropy threshold in [0, 1], top-k in [2,
+    MAX_ENTROPY_TOP_K] (the errors name `{prefix}_window`, `{prefix}_entropy_threshold`,
+    `{prefix}_top_k`)."""
     window = require_int(f"{prefix}_window", window, minimum=1)
     tau = require_real(f"{prefix}_entropy_threshold", entropy_threshold)
     if not 0.0 <= tau <= 1.0:  # also rejects NaN
         raise ValueError(f"{prefix}_entropy_threshold must be in [0, 1], got {entropy_threshold!r}")
-    top_k = require_int(f"{prefix}_top_k", top_k, minimum=2)
+    top_k = require_int(f"{prefix}_top_k", top_k, minimum=2, maximum=MAX_ENTROPY_TOP_K)
     return window, tau, top_k
 
 

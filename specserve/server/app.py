@@ -5,9 +5,13 @@
 routes need to know about the model; it loads nothing, so tests and other front ends can build
 one around any engine. `ServerLimits`
 bounds what a request may ask for (`limits.py`); `Admission` refuses work beyond the waiting
-bound with 429 (`admission.py`). Preparing a request (template, tokenizing, compiling its
-grammar with the `GrammarCompiler` given, if any) runs on a worker thread, so a large body
-never holds up other streams or `/health`.
+bound with 429 (`admission.py`). Checking a body and preparing a request (template,
+tokenizing, compiling its grammar with the `GrammarCompiler` given, if any) run in the bounded
+`Intake` (`intake.py`), on worker threads, after a quick refusal when nothing more can be
+admitted, so a large body never holds up other streams or `/health`. A stream is read from the
+engine to its end whatever its client's pace (`ahead_of_client`): its admission hold ends when
+the engine is done with it, and a client that stops reading is dropped by the HTTP layer's
+write timeout (`http.py`).
 
 When the engine is dead (`EngineClient.dead_reason`: its thread died or a step hung; for
 replicas: none is live), every request, open or new, gets 503 `engine_dead` and `/health`
@@ -38,6 +42,7 @@ from specserve.server.admission import Admission, Ticket
 from specserve.server.config import DEFAULT_MAX_BODY_BYTES
 from specserve.server.errors import APIError, from_value_error, internal_error
 from specserve.server.guard import Guard
+from specserve.server.intake import Intake, check_body, longest_token_chars
 from specserve.server.limits import ServerLimits
 from specserve.server.metrics import CONTENT_TYPE, ServerMetrics
 from specserve.server.preparation import (GrammarCompiler, Job, ModelLimits, chat_jobs,
@@ -47,16 +52,18 @@ from specserve.server.response_bodies import (ChatCompletionResponse, Completion
                                               ErrorResponse, ModelList)
 from specserve.server.responses import Responder, Shape
 from specserve.server.tool_calls import ToolSupport, tool_support
-from specserve.server.streams import merged, unless_disconnected, until
+from specserve.server.streams import ahead_of_client, merged, unless_disconnected, until
 
 log = logging.getLogger("specserve.server")
 STATIC = Path(__file__).with_name("static")  # the chat page at `/` (issue 17): plain HTML/CSS/JS
-PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:",
-                "Cache-Control": "no-cache"}
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                                           "frame-ancestors 'none'",
+                "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
 ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in [
     (400, "invalid request: malformed JSON, wrong type, out-of-range value, prompt or max_tokens "
           "beyond the context"),
     (401, "missing or wrong API key"), (404, "unknown model"), (413, "request body too large"),
+    (415, "the body is not sent as JSON (Content-Type: application/json)"),
     (429, "the server is at capacity: retry after `Retry-After` seconds"),
     (503, "the server is shutting down, or its engine is dead"),
     (504, "the request ran past the server's request timeout")]}
@@ -76,6 +83,7 @@ class ServerState:
     bounds: ServerLimits
     admission: Admission
     tools: ToolSupport
+    intake: Intake
     compiler: GrammarCompiler | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     accepting: bool = True
@@ -89,11 +97,15 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, bounds: ServerLimits = ServerLimits(),
               compiler: GrammarCompiler | None = None) -> tuple[Guard, ServerState]:
     """The app around `engine`; `bounds`: what requests and clients may ask for (the
-    defaults of `ServerLimits` unless given); `compiler`: checks and compiles requests'
-    structured outputs (None: they are passed on unchecked)."""
+    defaults of `ServerLimits` unless given; no `max_prompt_chars`: `prompt_char_bound` of
+    this model); `compiler`: checks and compiles requests' structured outputs (None: they are
+    passed on unchecked)."""
+    bounds = bounds.for_model(limits.max_model_len, longest_token_chars(
+        tokenizer.backend.get_vocab(with_added_tokens=True)))
     state = ServerState(engine, tokenizer, limits, ServerMetrics(engine.stats, limits.name), bounds,
                         Admission(limits.max_num_seqs, bounds.max_waiting, bounds.retry_after_s),
-                        tool_support(tokenizer), compiler)
+                        tool_support(tokenizer), Intake(bounds.max_preparing, bounds.retry_after_s),
+                        compiler)
     app = FastAPI(title="specserve", version="0.1.0", summary="OpenAI-compatible server with "
                   "speculative decoding (per-request settings and statistics)")
     errors.install(app)
@@ -102,7 +114,8 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
               responses={**ERRORS, 200: STREAM_DOC})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         jobs = await _prepare(state, lambda: chat_jobs(body, state.tokenizer, state.limits,
-                                                       state.bounds, state.tools, state.compiler))
+                                                       state.bounds, state.tools, state.compiler),
+                            body.n)
         return await _generate(state, request, body, jobs, Shape(chat=True), "chatcmpl",
                                jobs[0].params.logprobs)
 
@@ -110,7 +123,8 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
               responses={**ERRORS, 200: STREAM_DOC})
     async def completions(body: CompletionRequest, request: Request) -> Response:
         jobs = await _prepare(state, lambda: completion_jobs(body, state.tokenizer, state.limits,
-                                                             state.bounds, state.compiler))
+                                                             state.bounds, state.compiler),
+                            body.n)
         return await _generate(state, request, body, jobs, Shape(chat=False), "cmpl", body.logprobs)
 
     @app.get("/v1/models", response_model=ModelList, responses={401: ERRORS[401]})
@@ -147,7 +161,9 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     _document_400_not_422(app)
-    guarded = Guard(app, max_body_bytes, api_key, state.metrics.error, bounds)
+    guarded = Guard(app, max_body_bytes, api_key, state.metrics.error, bounds, state.intake,
+                    lambda path, raw: check_body(path, raw, bounds.max_messages,
+                                                 limits.max_model_len))
     app.state.server = state
     return guarded, state
 
@@ -170,12 +186,15 @@ def _document_400_not_422(app: FastAPI) -> None:
     app.openapi = openapi
 
 
-async def _prepare(state: ServerState, make_jobs) -> list[Job]:
+async def _prepare(state: ServerState, make_jobs, sequences: int = 1) -> list[Job]:
+    """The request's jobs, prepared in the intake once it is sure the request could be
+    admitted now (`sequences`: at least as many as it asks for)."""
     if state.dead_reason is not None:
         raise _dead(state.dead_reason)
     if not state.accepting:
         raise APIError(503, "the server is shutting down", code="shutting_down")
-    return await asyncio.get_running_loop().run_in_executor(None, make_jobs)
+    state.admission.refuse_unless_room(sequences)
+    return await state.intake.run(make_jobs)
 
 
 async def _generate(state: ServerState, request: Request, body: SamplingFields, jobs: list[Job],
@@ -192,7 +211,8 @@ async def _generate(state: ServerState, request: Request, body: SamplingFields, 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         chunks = _stream(state, jobs, request_id, responder, include_usage, deadline, ticket)
         weakref.finalize(chunks, ticket.release)  # also when the stream never starts
-        return StreamingResponse(chunks, media_type=sse.MEDIA_TYPE, headers=sse.HEADERS)
+        return StreamingResponse(ahead_of_client(chunks), media_type=sse.MEDIA_TYPE,
+                                 headers=sse.HEADERS)
     try:
         completed, outputs = await unless_disconnected(
             request, _collect(state, jobs, request_id, deadline))
@@ -204,11 +224,9 @@ async def _generate(state: ServerState, request: Request, body: SamplingFields, 
 
 
 def _deltas(state: ServerState, jobs: list[Job], request_id: str, deadline: float | None):
-    concurrency = None
-    if state.limits.max_num_seqs is not None:
-        slots = state.bounds.slots_per_request(state.limits.max_num_seqs)
-        concurrency = max(1, slots // jobs[0].params.n)
-    return until(deadline, merged(state.engine, jobs, request_id, concurrency))
+    slots = state.limits.max_num_seqs
+    share = None if slots is None else state.bounds.slots_per_request(slots)
+    return until(deadline, merged(state.engine, jobs, request_id, share))
 
 
 async def _collect(state: ServerState, jobs: list[Job], request_id: str,

@@ -20,6 +20,7 @@ from specserve.server.limits import ServerLimits
 LIMITS = ServerLimits()
 # ServerLimits's fields under another name here (the flags' names)
 LIMIT_NAMES = {"keep_alive_s": "keep_alive_timeout", "header_timeout_s": "header_timeout",
+               "body_timeout_s": "body_timeout", "write_timeout_s": "write_timeout",
                "special_tokens_in_prompts": "allow_special_tokens"}
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
@@ -55,8 +56,14 @@ class ServerConfig:
     max_slot_share: float = option(LIMITS.max_slot_share, "share of the sequence slots one "
                                    "request may hold at once")
     max_choices: int = option(LIMITS.max_choices, "prompts × n per request")
-    max_prompt_chars: int = option(LIMITS.max_prompt_chars, "characters of prompt text per "
-                                   "request, checked before tokenizing")
+    max_prompt_chars: int | None = option(
+        LIMITS.max_prompt_chars, "characters of prompt text per request, checked before "
+        "tokenizing (default: the context length times the longest token's characters, the "
+        "most that could fit)")
+    max_messages: int = option(LIMITS.max_messages, "messages of a chat request (and text parts "
+                               "over all of them), checked before the body is validated")
+    max_preparing: int = option(LIMITS.max_preparing, "requests being parsed or tokenized at "
+                                "once; beyond them requests get 429 with Retry-After")
     allow_special_tokens: bool = option(
         LIMITS.special_tokens_in_prompts, "read special tokens' text in prompts and messages as "
         "the tokens (default: as text)")
@@ -69,6 +76,14 @@ class ServerConfig:
                                        "connection stays open")
     header_timeout: float = option(LIMITS.header_timeout_s, "seconds a connection gets to "
                                    "send a request head")
+    body_timeout: float = option(LIMITS.body_timeout_s, "seconds a request's body may take to "
+                                 "arrive after its head (408 and closed beyond)")
+    write_timeout: float = option(LIMITS.write_timeout_s, "seconds a client may leave what it "
+                                  "was sent unread before its connection is dropped and its "
+                                  "request aborted")
+    send_buffer_bytes: int = option(LIMITS.send_buffer_bytes, "the kernel's send buffer per "
+                                    "connection (SO_SNDBUF): what a client may leave unread "
+                                    "before the write timeout starts")
     step_timeout: float = option(300.0, "seconds one engine step may take before the engine "
                                  "counts as dead (503 engine_dead, /health 503)")
 
@@ -112,7 +127,10 @@ class ServerConfig:
             hosts += (bound,)
         return ServerLimits(
             max_choices=self.max_choices, max_prompt_chars=self.max_prompt_chars,
-            max_slot_share=self.max_slot_share, request_timeout=self.request_timeout,
-            max_waiting=self.max_waiting, special_tokens_in_prompts=self.allow_special_tokens,
+            max_messages=self.max_messages, max_slot_share=self.max_slot_share,
+            request_timeout=self.request_timeout, max_waiting=self.max_waiting,
+            max_preparing=self.max_preparing, special_tokens_in_prompts=self.allow_special_tokens,
             allowed_hosts=hosts, max_connections=self.max_connections,
-            keep_alive_s=self.keep_alive_timeout, header_timeout_s=self.header_timeout)
+            keep_alive_s=self.keep_alive_timeout, header_timeout_s=self.header_timeout,
+            body_timeout_s=self.body_timeout, write_timeout_s=self.write_timeout,
+            send_buffer_bytes=self.send_buffer_bytes)

@@ -1,10 +1,17 @@
 """The HTTP server around the app: uvicorn, bounded for slow and many clients.
 
+Every stage of a connection is bounded in time (`BoundedH11`):
 - `max_connections` open connections at most (uvicorn answers 503 beyond them);
 - an idle kept-alive connection closes after `keep_alive_s`;
 - a connection that has not sent a complete request head within `header_timeout_s` of
-  opening (or of its last response) is closed (`HeaderTimeoutH11`), so a client that
-  trickles its headers cannot hold a connection forever;
+  opening (or of its last response) is closed, so a client that trickles its headers cannot
+  hold a connection forever;
+- a request whose body is not complete `body_timeout_s` after its head gets 408 and the
+  connection is closed (a head with no body, a trickled body);
+- a connection whose client leaves more than its send buffers unread (the kernel's, fixed at
+  `send_buffer_bytes`, and the transport's) for `write_timeout_s` (writing stays paused that
+  long) is dropped at once: the app sees the disconnect, so a stream it was sending is
+  cancelled and its engine request aborted;
 - the first SIGTERM or SIGINT starts the graceful drain; a second one forces the exit
   (`DrainingServer`: uvicorn itself forces only on a second SIGINT).
 
@@ -15,8 +22,10 @@ when only loopback Host names are allowed there).
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import signal
+import socket
 import weakref
 
 import uvicorn
@@ -25,34 +34,63 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from specserve.server.limits import LOOPBACK_HOSTS, ServerLimits
 
 log = logging.getLogger("specserve.server")
+DEFAULTS = ServerLimits()
 
 
-class HeaderTimeoutH11(H11Protocol):
-    """uvicorn's h11 protocol, closing a connection whose request head is late."""
+class BoundedH11(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request head or body is late, or
+    whose client stopped reading. One timer per stage and connection, each holding its
+    request's cycle only weakly."""
 
-    header_timeout_s = ServerLimits().header_timeout_s  # set per server by `http_protocol`
+    header_timeout_s = DEFAULTS.header_timeout_s  # set per server by `http_protocol`
+    body_timeout_s = DEFAULTS.body_timeout_s
+    write_timeout_s = DEFAULTS.write_timeout_s
+    send_buffer_bytes = DEFAULTS.send_buffer_bytes
 
     def connection_made(self, transport) -> None:
-        self._header_timer = None
+        self._timers: dict[str, object] = {}
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # fixed, not grown by the kernel for a client that reads nothing
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer_bytes)
         super().connection_made(transport)
         self._arm_header_timer()
 
     def connection_lost(self, exc) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        before = self.cycle
+        super().handle_events()
+        cycle = self.cycle
+        if cycle is not None and cycle is not before and cycle.more_body:  # a new head
+            self._arm("body", self.body_timeout_s, self._close_if_body_late, weakref.ref(cycle))
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._arm_header_timer()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._arm("write", self.write_timeout_s, self._drop_if_still_paused)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        timer = self._timers.pop("write", None)
+        if timer is not None:
+            timer.cancel()
+
+    def _arm(self, stage: str, delay: float, callback, *args) -> None:
+        if stage in self._timers:
+            self._timers[stage].cancel()
+        self._timers[stage] = self.loop.call_later(delay, callback, *args)
+
     def _arm_header_timer(self) -> None:
-        """One timer per connection, holding no request: the cycle served so far, weakly."""
-        if self._header_timer is not None:
-            self._header_timer.cancel()
+        """The cycle served so far, weakly: the head is late while no other cycle began."""
         served = weakref.ref(self.cycle) if self.cycle is not None else None
-        self._header_timer = self.loop.call_later(self.header_timeout_s, self._close_if_no_head,
-                                                  served)
+        self._arm("header", self.header_timeout_s, self._close_if_no_head, served)
 
     def _close_if_no_head(self, served) -> None:
         """No request head arrived since the timer was armed (the cycle is the same)."""
@@ -63,10 +101,42 @@ class HeaderTimeoutH11(H11Protocol):
                       self.header_timeout_s)
             self.transport.close()
 
+    def _close_if_body_late(self, cycle_ref) -> None:
+        """The request whose head started the timer still waits for the rest of its body."""
+        cycle = cycle_ref()
+        if cycle is None or cycle is not self.cycle or not cycle.more_body \
+                or self.transport.is_closing():
+            return
+        log.debug("closing a connection whose request body was not complete in %.0f s",
+                  self.body_timeout_s)
+        if not cycle.response_started:
+            self.transport.write(_timeout_response(self.body_timeout_s))
+        self.transport.close()
 
-def http_protocol(header_timeout_s: float) -> type[H11Protocol]:
-    """A `HeaderTimeoutH11` class with this server's header timeout."""
-    return type("HeaderTimeoutH11", (HeaderTimeoutH11,), {"header_timeout_s": header_timeout_s})
+    def _drop_if_still_paused(self) -> None:
+        """The client has not drained the transport's buffer since writing paused: drop the
+        connection (a close would wait for the unread bytes to be sent)."""
+        self._timers.pop("write", None)
+        if self.flow.write_paused:
+            log.debug("dropping a connection whose client read nothing in %.0f s",
+                      self.write_timeout_s)
+            self.transport.abort()
+
+
+def _timeout_response(seconds: float) -> bytes:
+    body = json.dumps({"error": {
+        "message": f"the request body did not arrive in {seconds:g} s", "type":
+        "invalid_request_error", "param": None, "code": "body_timeout"}}).encode()
+    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n"
+            + body)
+
+
+def http_protocol(bounds: ServerLimits) -> type[H11Protocol]:
+    """A `BoundedH11` class with this server's timeouts."""
+    return type("BoundedH11", (BoundedH11,), {
+        "header_timeout_s": bounds.header_timeout_s, "body_timeout_s": bounds.body_timeout_s,
+        "write_timeout_s": bounds.write_timeout_s, "send_buffer_bytes": bounds.send_buffer_bytes})
 
 
 class DrainingServer(uvicorn.Server):
@@ -84,7 +154,7 @@ def server(app, host: str, port: int, bounds: ServerLimits, log_level: str, acce
                             lifespan="off", timeout_graceful_shutdown=graceful_s,
                             limit_concurrency=bounds.max_connections,
                             timeout_keep_alive=bounds.keep_alive_s,
-                            http=http_protocol(bounds.header_timeout_s))
+                            http=http_protocol(bounds))
     return DrainingServer(config)
 
 

@@ -2,11 +2,12 @@
 `SpeculationOverride`, one `Job` per prompt. Every check a client can fail happens here, before
 the engine sees anything, and raises an `APIError` (a 4xx with the offending field named).
 
-The bounds of `ServerLimits` apply before any work is spent: prompts × n, n against the
-request's share of sequence slots, and the prompt text's length in characters before it is
-tokenized. The app runs these functions on a worker thread, off the event loop. Message
-content, tools and prompt text are encoded with special tokens' text as text unless the
-server allows special tokens in prompts (`Tokenizer.encode_chat`).
+The bounds of `ServerLimits` apply before any work is spent: prompts × n, the number of
+messages, and the prompt text's length in characters before it is tokenized (a request's n
+beyond its share of the sequence slots is not refused: it runs a share at a time,
+`streams.parts`). The app runs these functions in its intake, on a worker thread. Message
+content, tools and prompt text are encoded with special tokens' text as text unless the server
+allows special tokens in prompts (`Tokenizer.encode_chat`).
 
 Tools and structured outputs (`tool_calls/`): the chat prompt shows the tools as the model's
 format wants them; the output's constraint becomes `SamplingParams.structured_outputs` and is
@@ -80,6 +81,10 @@ def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLim
     when not given)."""
     check_model(req.model, limits)
     check_choices(1, req.n, limits, server)
+    if len(req.messages) > server.max_messages:
+        raise APIError(400, f"messages: {len(req.messages)} messages; this server takes at most "
+                       f"{server.max_messages} per request", param="messages",
+                       code="too_many_messages")
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     tools = tools or tool_support(tokenizer)
@@ -150,18 +155,15 @@ def field_error(e: ValueError) -> APIError:
 
 
 def check_choices(prompts: int, n: int, limits: ModelLimits, server: ServerLimits) -> None:
-    """prompts × n within `max_choices`; n within the request's share of the sequence slots."""
+    """prompts × n within `max_choices` (an n beyond the request's share of the sequence slots
+    runs a share at a time)."""
     if prompts * n > server.max_choices:
         raise APIError(400, f"n: {prompts} prompt(s) × n={n} asks for {prompts * n} completions; "
                        f"this server takes at most {server.max_choices} per request", param="n")
-    if limits.max_num_seqs is not None and n > server.slots_per_request(limits.max_num_seqs):
-        raise APIError(400, f"n: {n} completions at once exceed this server's share for one request "
-                       f"({server.slots_per_request(limits.max_num_seqs)} of its "
-                       f"{limits.max_num_seqs} sequence slots)", param="n")
 
 
 def check_chars(chars: int, param: str, server: ServerLimits) -> None:
-    if chars > server.max_prompt_chars:
+    if server.max_prompt_chars is not None and chars > server.max_prompt_chars:
         raise APIError(400, f"{param}: the prompt text has {chars} characters; this server takes at "
                        f"most {server.max_prompt_chars}", param=param, code="context_length_exceeded")
 

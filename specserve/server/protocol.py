@@ -26,7 +26,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specserve.sampling.params import MAX_LOGPROBS, MAX_STOP_CHARS, MAX_STOP_STRINGS
+from specserve.sampling.params import (MAX_ENTROPY_TOP_K, MAX_LOGPROBS, MAX_STOP_CHARS,
+                                       MAX_STOP_STRINGS, MAX_TOP_K)
 from specserve.speculative.config import MAX_SPECULATIVE_TOKENS
 
 INT64 = 2**63
@@ -45,13 +46,13 @@ class SpeculativeOptions(_Body):
         None, description="a fixed draft length k for this request; -1: the cost-aware policy chooses")
     tv_budget: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
         None, description="mentored decoding: total-variation budget D in [0, 1] (0 = lossless)")
-    tv_entropy_top_k: Annotated[int, Field(ge=2)] | None = Field(
+    tv_entropy_top_k: Annotated[int, Field(ge=2, le=MAX_ENTROPY_TOP_K)] | None = Field(
         None, description="spend the budget where the target is unsure: D_i = D * h_k(p_i)")
     fly_window: Annotated[int, Field(ge=1)] | None = Field(
         None, description="FLy verification: the later drafts that must pass (off when omitted)")
     fly_entropy_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
         None, description="FLy: the normalized top-k entropy at which a rejection may be deferred")
-    fly_top_k: Annotated[int, Field(ge=2)] | None = Field(
+    fly_top_k: Annotated[int, Field(ge=2, le=MAX_ENTROPY_TOP_K)] | None = Field(
         None, description="FLy: the k of its top-k entropy gate")
 
 
@@ -81,7 +82,7 @@ class SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM's extras
-    top_k: Annotated[int, Field(ge=-1)] = -1
+    top_k: Annotated[int, Field(ge=-1, le=MAX_TOP_K)] = -1
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     repetition_penalty: Annotated[float, Field(ge=0.01, le=100.0)] = 1.0
     ignore_eos: bool = False

@@ -16,6 +16,7 @@ from specserve.server.app import ServerState
 from specserve.server.config import ServerConfig
 
 log = logging.getLogger("specserve.server")
+FORCED_END_S = 2.0  # after a forced exit, how long open streams get to send their "abort" end
 
 
 async def run_app(app, state: ServerState, args: ServerConfig) -> None:
@@ -35,9 +36,18 @@ async def run_app(app, state: ServerState, args: ServerConfig) -> None:
         await server.serve()
         if server.force_exit:  # a second signal: abort everything now
             await asyncio.to_thread(state.engine.shutdown, 0)
+            await _streams_ended(server, FORCED_END_S)
         await drain
     finally:
         drain.cancel()
+
+
+async def _streams_ended(server, timeout: float) -> None:
+    """Wait (at most `timeout` s) for the responses still open to end: an aborted stream's last
+    events (finish_reason "abort", `[DONE]`) go out before the process does."""
+    tasks = [t for t in server.server_state.tasks if not t.done()]
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
 
 
 async def _drain_on_exit(server, state: ServerState, args: ServerConfig) -> None:

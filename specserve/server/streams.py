@@ -1,16 +1,19 @@
-"""Driving engine streams from request handlers: one stream per prompt, merged (at most a few
-prompts in the engine at once); a request whose client goes away, or whose deadline passes,
-is aborted (its memory freed) instead of running on."""
+"""Driving engine streams from request handlers: one stream per prompt, merged (at most a
+share of the engine's sequence slots in use at once), a prompt's `n` completions split into
+engine requests of at most that share; a request whose client goes away, or whose deadline
+passes, is aborted (its memory freed) instead of running on. `ahead_of_client` reads a
+stream to its end whatever the pace of the client it is sent to."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import AsyncIterator, Awaitable, TypeVar
 
 from starlette.requests import Request
 
 from specserve.clients.client import EngineClient
-from specserve.engine.outputs import RequestDelta
+from specserve.engine.outputs import RequestDelta, RequestOutput
 from specserve.server.preparation import Job
 
 T = TypeVar("T")
@@ -34,22 +37,67 @@ async def engine_stream(engine: EngineClient, job: Job, request_id: str) -> Asyn
         await stream.aclose()
 
 
+def parts(job: Job, share: int | None) -> list[tuple[int, Job]]:
+    """`(first completion index, job)` of each engine request that runs `job`: itself when its
+    n fits `share` (None: any n does), else consecutive runs of at most `share` completions,
+    the run from completion i seeded `seed + i`, so each completion gets the seed it has in
+    one request (the engine seeds completion i with `seed + i`)."""
+    n = job.params.n
+    if share is None or n <= share:
+        return [(0, job)]
+    seed = job.params.seed
+    return [(first, replace(job, params=replace(
+        job.params, n=min(share, n - first), seed=None if seed is None else seed + first)))
+        for first in range(0, n, share)]
+
+
+async def job_stream(engine: EngineClient, job: Job, request_id: str,
+                     share: int | None) -> AsyncIterator[RequestDelta]:
+    """The deltas of `job` as one engine request's, however many it runs as (`parts`, one
+    after another): completion indices counted over the whole job, `finished` and the whole
+    output on the last part's last delta."""
+    runs = parts(job, share)
+    if len(runs) == 1:
+        async for delta in engine_stream(engine, job, request_id):
+            yield delta
+        return
+    done: list[tuple[int, RequestOutput]] = []
+    for k, (first, part) in enumerate(runs):
+        async for delta in engine_stream(engine, part, f"{request_id}.{k}"):
+            if delta.finished:
+                done.append((first, delta.output))
+            last = delta.finished and k == len(runs) - 1
+            yield RequestDelta(request_id, [replace(c, index=c.index + first)
+                                            for c in delta.completions],
+                               last, joined(request_id, done) if last else None, delta.error)
+
+
+def joined(request_id: str, done: list[tuple[int, RequestOutput]]) -> RequestOutput:
+    """One request's output from those of its parts (`(first completion index, output)`)."""
+    head = done[0][1]
+    return RequestOutput(request_id, head.prompt, head.prompt_token_ids,
+                         [replace(c, index=c.index + first) for first, out in done
+                          for c in out.outputs], True, head.queue_time)
+
+
 async def merged(engine: EngineClient, jobs: list[Job], request_id: str,
-                 concurrency: int | None = None) -> AsyncIterator[tuple[int, RequestDelta]]:
+                 share: int | None = None) -> AsyncIterator[tuple[int, RequestDelta]]:
     """`(job index, delta)` from all jobs' streams as they come (one job: no tasks needed),
-    with at most `concurrency` jobs in the engine at once (None: all)."""
+    with at most `share` sequences in the engine at once (None: all): a job's n runs in parts
+    of at most `share`, and as many jobs at once as their parts fit in it."""
     if len(jobs) == 1:
-        async for delta in engine_stream(engine, jobs[0], request_id):
+        async for delta in job_stream(engine, jobs[0], request_id, share):
             yield 0, delta
         return
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
-    turns = asyncio.Semaphore(concurrency or len(jobs))
+    width = min(jobs[0].params.n, share) if share is not None else None
+    turns = asyncio.Semaphore(max(1, share // width) if width else len(jobs))
 
     async def pump(i: int, job: Job) -> None:
         try:
             async with turns:
-                async for delta in engine_stream(engine, job, f"{request_id}-{i}"):
+                async for delta in job_stream(engine, job, f"{request_id}-{i}", share):
                     await queue.put((i, delta))
         except Exception as e:  # handed to the consumer, which raises it
             await queue.put((i, e))
@@ -71,6 +119,37 @@ async def merged(engine: EngineClient, jobs: list[Job], request_id: str,
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def ahead_of_client(items: AsyncIterator[T]) -> AsyncIterator[T]:
+    """`items`, read to their end by a task of their own as fast as they come, whatever the
+    pace at which this generator is read: a client that reads slowly, or not at all, holds up
+    neither the engine nor what `items` does when it ends (e.g. give back an admission hold).
+    What the client has not read yet waits here (at most the request's own output). Closing
+    this generator (the client went away, or was dropped) cancels the task, which closes
+    `items` (aborting its engine requests)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump() -> None:
+        try:
+            async for item in items:
+                queue.put_nowait(item)
+        except Exception as e:  # handed to the reader, which raises it
+            queue.put_nowait(e)
+        finally:
+            await items.aclose()
+            queue.put_nowait(end)
+
+    task = asyncio.create_task(pump())
+    try:
+        while (item := await queue.get()) is not end:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def until(deadline: float | None, items: AsyncIterator[T]) -> AsyncIterator[T]:

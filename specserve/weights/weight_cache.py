@@ -27,12 +27,17 @@ What makes a stale or damaged entry impossible to use:
   A failed check deletes the entry and the caller rebuilds it; nothing of it is used.
 - Entries are written under a temporary name in the same directory, flushed to disk, then
   renamed over the final name, so a reader sees a whole file or none.
-- An entry is read only if this user owns it and its folder and no one else can write them
-  (`paths.untrusted`); otherwise loading stops with `UntrustedEntry`, naming the file.
+- An entry is read only if this user owns it and its folder, no one else can write them, and
+  no folder above could let someone else replace them (`paths.untrusted`,
+  `paths.untrusted_folder`, as OpenSSH's StrictModes). An entry that fails this is a cache
+  miss: removed (where this user may), logged, and rebuilt; a folder that fails it is not
+  used at all (every load repacks, with a warning). The cache's folders are created writable
+  by this user only, whatever the umask (`paths.make_dirs`).
 
 The source's sha256 is computed once per file: the model registry's verification stamp is
 trusted while it matches ``os.stat`` of the file; other files get a stamp of the same kind
-(size, mtime, ctime, inode) under ``weights_dir()/stamps``.
+(size, mtime, ctime, inode) under ``weights_dir()/stamps``, read only when it and its folders
+are trusted (otherwise the file is hashed again).
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ import torch
 from tqdm import tqdm
 
 from specserve.hub.registry import verified_sha256
-from specserve.paths import untrusted
+from specserve.paths import make_dirs, untrusted, untrusted_folder
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +106,8 @@ def source_sha256(path: Path, directory: Path) -> str:
     stamp_file = directory / "stamps" / f"{hashlib.sha256(str(path).encode()).hexdigest()[:24]}.json"
     st = path.stat()
     try:
-        record = json.loads(stamp_file.read_text())
+        trusted = untrusted_folder(stamp_file.parent) is None and untrusted(stamp_file) is None
+        record = json.loads(stamp_file.read_text()) if trusted else None
     except (OSError, ValueError):
         record = None
     if isinstance(record, dict) and isinstance(record.get("sha256"), str) \
@@ -124,7 +130,7 @@ def source_sha256(path: Path, directory: Path) -> str:
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -158,8 +164,11 @@ def checksum(data: torch.Tensor) -> list[int]:
 
 def write(path: Path, key: dict, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     """Store `tensors` and `meta` (JSON-serializable) under `key`, atomically; then remove the
-    other entries of the same source and label."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    other entries of the same source and label. `UntrustedEntry` (writing nothing) where the
+    folder is not trusted: an entry there would never be read."""
+    make_dirs(path.parent)
+    if (problem := untrusted_folder(path.parent)) is not None:
+        raise UntrustedEntry(f"weight cache folder {problem}")
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     tmp = Path(tmp_name)
     os.chmod(tmp, 0o644)  # mkstemp makes it private; the entry is as readable as the models
@@ -205,17 +214,20 @@ def write(path: Path, key: dict, tensors: dict[str, torch.Tensor], meta: dict) -
 
 def read(path: Path, key: dict) -> CacheEntry | None:
     """The entry at `path` if it exists, was written under `key` and passes its checks; None
-    otherwise. A damaged entry is deleted (and logged). An entry, or a cache folder, that
-    another user owns or that group or others may write is refused (`UntrustedEntry`)."""
+    otherwise (a miss). A damaged entry, or one that another user owns or that group or others
+    may write, is deleted (and logged); in a folder that is not trusted nothing is read."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         return None
-    for checked in (path, path.parent):
-        if (problem := untrusted(checked)) is not None:
-            raise UntrustedEntry(f"weight cache {checked} is {problem}; refusing to load weights "
-                                 f"from it (remove it, or make it this user's and writable by no "
-                                 f"one else: chmod go-w)")
+    if (problem := untrusted_folder(path.parent)) is not None:
+        log.warning("weight cache folder %s; not using it (make it and the folders above it "
+                    "this user's or root's, writable by no one else: chmod go-w)", problem)
+        return None
+    if (problem := untrusted(path)) is not None:
+        log.warning("weight cache %s is %s; removing it and rebuilding it", path, problem)
+        path.unlink(missing_ok=True)
+        return None
     try:
         entry = _read_checked(path, size, key)
     except (OSError, ValueError, KeyError, TypeError, struct.error, RuntimeError) as e:

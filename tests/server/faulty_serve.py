@@ -8,6 +8,8 @@ cue by creating a file in CONTROL_DIR:
 - `fail`: the next engine step raises RuntimeError("secret-detail") (the file goes);
 - `hold`: engine steps wait while the file exists (a step that does not return);
 - `slow`: each engine step first sleeps 0.5 s while the file exists;
+- `paced`: each engine step first sleeps 0.02 s while the file exists (a long request keeps
+  running for a while, its output still coming quickly);
 - `hold-prep`: preparing a prompt whose text holds "HOLD-PREP" waits while the file exists
   (and says so by creating `prep-held`).
 """
@@ -37,6 +39,8 @@ def install(control: Path) -> None:
             time.sleep(0.02)
         if (control / "slow").exists():
             time.sleep(0.5)
+        if (control / "paced").exists():
+            time.sleep(0.02)
         return step(self)
 
     def held(text: str) -> None:

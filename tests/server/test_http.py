@@ -31,12 +31,17 @@ def test_binding_beyond_loopback_without_a_key_warns(caplog):
 
 
 def test_uvicorn_gets_the_connection_cap_the_timeouts_and_our_protocol():
-    bounds = ServerLimits(max_connections=7, keep_alive_s=3.0, header_timeout_s=4.0)
+    bounds = ServerLimits(max_connections=7, keep_alive_s=3.0, header_timeout_s=4.0,
+                          body_timeout_s=5.0, write_timeout_s=6.0)
     server = http.server(object(), "127.0.0.1", 0, bounds, "info", False, 10)
     config = server.config
     assert (config.limit_concurrency, config.timeout_keep_alive) == (7, 3.0)
-    assert issubclass(config.http, http.HeaderTimeoutH11) and config.http.header_timeout_s == 4.0
-    assert http.HeaderTimeoutH11.header_timeout_s == ServerLimits().header_timeout_s  # untouched
+    assert issubclass(config.http, http.BoundedH11)
+    assert (config.http.header_timeout_s, config.http.body_timeout_s,
+            config.http.write_timeout_s) == (4.0, 5.0, 6.0)
+    defaults = ServerLimits()
+    assert (http.BoundedH11.header_timeout_s, http.BoundedH11.write_timeout_s) == (
+        defaults.header_timeout_s, defaults.write_timeout_s)  # untouched
 
 
 def test_a_second_exit_signal_forces_the_exit():

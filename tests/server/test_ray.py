@@ -146,7 +146,7 @@ def test_a_dead_replica_engine_crosses_the_wire_as_engine_dead():
 
 def test_a_pool_with_no_live_replica_is_dead_and_refuses_requests_with_engine_dead():
     pool = ReplicaPool.__new__(ReplicaPool)  # its state only: no Ray behind it
-    pool.replicas, pool._closing = {}, False
+    pool.replicas, pool._closing, pool._refreshed = {}, False, time.monotonic()
     assert "no live engine replica" in pool.dead_reason
 
     async def first():
@@ -197,6 +197,7 @@ def _bare_pool(calls, timeout_s):
     pool = ReplicaPool.__new__(ReplicaPool)  # its state only: the handle is a stand-in
     pool.handle, pool.retries, pool.call_timeout_s = _Handle(calls), 1, timeout_s
     pool.index, pool.replicas, pool._closing = PrefixIndex(16), {"r0": object()}, False
+    pool._refreshed = time.monotonic()
     pool.routed, pool.retried, pool.failed, pool._inflight = collections.Counter(), 0, 0, {}
     pool.busy = collections.Counter()
     return pool

@@ -227,6 +227,13 @@ BAD_INPUTS = [
     ("seed out of range", "/v1/completions", {"prompt": "x", "seed": 2**70}, 400, "seed"),
     ("negative penalty beyond -2", "/v1/completions", {"prompt": "x", "presence_penalty": -3},
      400, "presence_penalty"),
+    ("top_k beyond its bound", "/v1/completions", {"prompt": "x", "top_k": 1025}, 400, "top_k"),
+    ("an entropy gate's k beyond its bound", "/v1/completions", {"prompt": "x", "speculative": {
+        "fly_top_k": 65}}, 400, "speculative"),
+    ("more messages than the server takes", "/v1/chat/completions", {"messages": [
+        {"role": "user", "content": "x"}] * 1025}, 400, "messages"),
+    ("a prompt of token ids beyond the context", "/v1/completions", {"prompt": [1] * MAX_MODEL_LEN},
+     400, "prompt"),
 ]
 
 

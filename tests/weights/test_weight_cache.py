@@ -13,7 +13,6 @@ import torch
 from gguf import GGMLQuantizationType as T
 
 from specserve import kernels
-from specserve.paths import untrusted
 from specserve.weights import quant, weight_cache
 from specserve.weights.loader import load_model
 from specserve.weights.quant import NativeLinear
@@ -36,28 +35,6 @@ def logits(loaded) -> torch.Tensor:
     m = loaded.model
     cache = slot_cache(m, 1, 32)
     return m.forward(cache.batch([IDS], [0], [0]), cache.pool)[0]  # [T, vocab]
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A private `$SPECSERVE_CACHE`; returns its weights directory."""
-    assert kernels.qmatmul() is not None, "these tests need the native kernels (AVX2)"
-    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path / "cache"))  # kernels: already loaded
-    return tmp_path / "cache" / "weights"
-
-
-@pytest.fixture
-def repacks(monkeypatch):
-    """Counts quantizations: a load from the cache makes none."""
-    calls = []
-    original = quant.quantize_native
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(quant, "quantize_native", counting)
-    return calls
 
 
 def entries(directory):
@@ -263,32 +240,3 @@ def test_bad_weights_or_dtype_are_refused_before_loading():
         load_model("/nonexistent", dtype="float64")
     with pytest.raises(ValueError, match="dtype"):
         load_model("/nonexistent", dtype="bfloat16", weights="float32")
-
-
-@pytest.mark.parametrize("loosen", ["entry writable by its group", "entry writable by others",
-                                    "folder writable by others"])
-def test_an_entry_others_could_have_written_is_refused_naming_the_file(tmp_path, cache, loosen):
-    path = write_gguf(tmp_path)
-    reference = logits(load_model(path, weights="int4"))
-    (entry,) = entries(cache)
-    target = cache if loosen.startswith("folder") else entry
-    mode = target.stat().st_mode & 0o777
-    os.chmod(target, mode | (0o020 if "group" in loosen else 0o002))
-    with pytest.raises(weight_cache.UntrustedEntry, match=f"weight cache {target} is writable by"):
-        load_model(path, weights="int4")
-    os.chmod(target, mode)
-    again = load_model(path, weights="int4")
-    assert again.cache_hit and torch.equal(logits(again), reference)
-
-
-def test_an_entry_owned_by_another_user_is_refused(tmp_path, cache):
-    path = write_gguf(tmp_path)
-    load_model(path, weights="int4")
-    (entry,) = entries(cache)
-    other = os.getuid() + 4242
-    if os.getuid() == 0:  # root can hand the file to another user; others test the mode above
-        os.chown(entry, other, -1)
-        with pytest.raises(weight_cache.UntrustedEntry, match=f"owned by user id {other}"):
-            load_model(path, weights="int4")
-    assert untrusted(entry) == (f"owned by user id {other}, not by this user (0)"
-                                             if os.getuid() == 0 else None)

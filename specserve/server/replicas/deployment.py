@@ -22,6 +22,7 @@ from specserve.clients.client import EngineClosed, EngineDead, EngineError
 
 log = logging.getLogger("specserve.server")
 STATS_PERIOD_S = 0.5
+MAX_POST_DELAY_S = 8.0  # the longest wait between two posts while the board does not answer
 
 
 @dataclass(frozen=True)
@@ -71,12 +72,20 @@ class ReplicaInfo:
 
 @ray.remote(num_cpus=0)
 class StatsBoard:
-    """The latest post of each replica, and the drain order of a shutdown. Owned by the serving
-    process (dies with it)."""
+    """The latest post of each replica, whether the serving process serves (it has read a
+    replica's description: replicas started), and the drain order of a shutdown. Owned by the
+    serving process (dies with it)."""
 
     def __init__(self) -> None:
         self._posts: dict[str, ReplicaInfo] = {}
         self._drain_deadline: float | None = None
+        self._serving = False
+
+    def serve(self) -> None:
+        self._serving = True
+
+    def serving(self) -> bool:
+        return self._serving
 
     def post(self, info: ReplicaInfo) -> float | None:
         """Record a replica's figures; answer the drain deadline (time.time()) once set."""
@@ -100,7 +109,7 @@ class EngineReplica:
         from specserve.llm import LLM
 
         self._stop = threading.Event()  # first: __del__ finds it whatever fails below
-        self.engine, self.start_failure = None, None
+        self.engine, self.start_failure, self.board = None, None, board
         self.replica = serve.get_replica_context().replica_id.unique_id
         _foreground_priority()
         try:  # the start-up work runs on the engine's thread, inside async_engine()
@@ -110,7 +119,7 @@ class EngineReplica:
             self.start_failure = StartFailure("value" if isinstance(e, ValueError) else "os",
                                               str(e))
             return
-        self.board, self.served = board, 0
+        self.served = 0
         self._poster = threading.Thread(target=self._post_stats, name="stats-poster", daemon=True)
         self._poster.start()
         log.info("specserve: replica %s (pid %d) ready", self.replica, os.getpid())
@@ -126,7 +135,11 @@ class EngineReplica:
     async def stream(self, prompt_ids: list[int], params, request_id: str, speculation=None,
                      preferred_replica: str | None = None):
         """`(replica id, RequestDelta | Failure)` until the request finishes. Cancelled (the
-        client went away, or the pool aborted it) → AsyncEngine.stream aborts the request."""
+        client went away, or the pool aborted it) → AsyncEngine.stream aborts the request. A
+        replica without an engine raises before answering (the pool sends the request to
+        another)."""
+        if self.engine is None:
+            raise RuntimeError(f"replica {self.replica} has no engine: {self.start_failure}")
         try:
             async for delta in self.engine.stream(prompt_ids, params, request_id=request_id,
                                                   speculation=speculation):
@@ -137,28 +150,44 @@ class EngineReplica:
             self.served += 1
 
     def check_health(self) -> None:
-        """Ray Serve's periodic probe: a dead engine fails it, and Ray Serve replaces the replica
-        (meanwhile it posts no figures, so the pool stops routing to it). A replica that could
-        not build its engine passes: `describe` hands its error back, and restarting it would
-        only fail again."""
-        if self.engine is not None and self.engine.dead_reason is not None:
+        """Ray Serve's periodic probe: a dead engine fails it, and so does having none (a
+        replica that could not build its engine) once the server serves; Ray Serve replaces the
+        replica (meanwhile it posts no figures, so the pool stops routing to it). Before that
+        it passes: where every replica fails to start alike, `describe` hands the error back and
+        the serving process stops with it, instead of Ray Serve restarting replicas that fail
+        the same way."""
+        if self.engine is None:
+            if ray.get(self.board.serving.remote(), timeout=10):
+                raise RuntimeError(f"replica {self.replica} has no engine: {self.start_failure}")
+            return
+        if self.engine.dead_reason is not None:
             raise RuntimeError(f"replica {self.replica}: the engine is dead: {self.engine.dead_reason}")
 
     def _post_stats(self) -> None:
+        """Post this replica's figures every `STATS_PERIOD_S` until the replica stops or its
+        engine dies; a post the board does not take is tried again, waiting twice as long
+        each time (at most `MAX_POST_DELAY_S`), so a board that comes back hears again."""
         node = ray.get_runtime_context().get_node_id()
-        draining = False
-        while not self._stop.wait(STATS_PERIOD_S):
+        draining, failures = False, 0
+        while not self._stop.wait(post_delay(failures)):
             if self.engine.dead_reason is not None:
                 return
             try:
-                deadline = ray.get(self.board.post.remote(ReplicaInfo(
-                    self.replica, os.getpid(), node, self.engine.stats(), self.served, time.time())))
-            except Exception:  # noqa: BLE001 - the board is gone: the server is shutting down
-                return
+                deadline = self._post(ReplicaInfo(self.replica, os.getpid(), node,
+                                                  self.engine.stats(), self.served, time.time()))
+            except Exception as e:  # noqa: BLE001 - the board is busy, restarting, or gone
+                failures += 1
+                log.debug("replica %s: posting its figures failed (%r); trying again in %.1f s",
+                          self.replica, e, post_delay(failures))
+                continue
+            failures = 0
             if deadline is not None and not draining:  # SIGTERM: finish within the bound, abort the rest
                 draining = True
                 threading.Thread(target=self.engine.shutdown, args=(max(0.0, deadline - time.time()),),
                                  name="drain", daemon=True).start()
+
+    def _post(self, info: ReplicaInfo) -> float | None:
+        return ray.get(self.board.post.remote(info), timeout=10)
 
     def __del__(self) -> None:
         """Ray Serve's graceful shutdown: in-flight requests were drained by the HTTP process."""
@@ -168,6 +197,11 @@ class EngineReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown(0)
+
+
+def post_delay(failures: int) -> float:
+    """Seconds before the next post after `failures` failed ones in a row."""
+    return min(MAX_POST_DELAY_S, STATS_PERIOD_S * 2 ** failures)
 
 
 def _foreground_priority() -> None:

@@ -89,6 +89,7 @@ def serve_replicas(args: ServerConfig, config: LLMConfig) -> int:
         model = handle.describe.remote().result()
         if "start_failure" in model:  # every replica fails alike: say it once, as one process would
             raise model["start_failure"].exception()
+        ray.get(board.serve.remote())  # from now on a replica without an engine fails its probe
         log.info("specserve: %d replica(s) of %s (%d CPU each) ready in %.1f s", args.replicas,
                  config.load.model, cpus, time.perf_counter() - start)
         limits = ModelLimits(args.served_model_name or str(config.load.model), model["max_model_len"],

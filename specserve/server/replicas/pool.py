@@ -13,8 +13,10 @@ N Ray Serve engine replicas, so `build_app` serves them as it serves one `AsyncE
   the stream when streaming).
 - a call that sends nothing for `call_timeout_s` (the replica stopped answering) counts as a
   failure in Ray: cancelled, and sent again if nothing had been streamed.
-- no live replica (none posted to the board within `stale_s`): `dead_reason` says so, `/health`
-  answers 503 and requests are refused with `EngineDead` (503 `engine_dead`).
+- no live replica (none posted to the board within `STALE_S`), or no figures at all for as
+  long (the board has not answered a refresh since `STALE_S` ago: liveness counts from the
+  last successful refresh, never from figures kept from before): `dead_reason` says so,
+  `/health` answers 503 and requests are refused with `EngineDead` (503 `engine_dead`).
 - abort: cancels the call; the replica's AsyncEngine aborts the request and frees its memory.
 - stats: the sum over the replicas' latest posts to the StatsBoard (a post older than `stale_s`
   is a dead replica's and is dropped, with its prefixes).
@@ -65,6 +67,7 @@ class ReplicaPool:
         self._inflight: dict[str, object] = {}  # request id -> DeploymentResponseGenerator
         self._lock = threading.Lock()
         self._closing = False
+        self._refreshed = time.monotonic()  # of the last refresh the board answered
         self._stop = threading.Event()
         self._refresher = threading.Thread(target=self._refresh_loop, name="replica-stats", daemon=True)
         self._refresh()
@@ -132,8 +135,15 @@ class ReplicaPool:
 
     @property
     def dead_reason(self) -> str | None:
-        """None while some replica is live; else why none can serve."""
-        if not self.replicas and not self._closing:
+        """None while some replica is live, as of a refresh within `STALE_S`; else why none
+        can serve."""
+        if self._closing:
+            return None
+        silent = time.monotonic() - self._refreshed
+        if silent > STALE_S:
+            return (f"no news of the engine replicas: their stats board has not answered for "
+                    f"{silent:.0f} s")
+        if not self.replicas:
             return f"no live engine replica (none reported within {STALE_S:g} s)"
         return None
 
@@ -184,13 +194,14 @@ class ReplicaPool:
         for stale in set(posts) - set(live):
             self.board.remove.remote(stale)
         self.replicas = live
+        self._refreshed = time.monotonic()
 
     def _refresh_loop(self) -> None:
         while not self._stop.wait(REFRESH_S):
             try:
                 self._refresh()
-            except Exception as e:  # noqa: BLE001 - keep the last figures; retry next period
-                log.debug("replica stats refresh failed: %r", e)
+            except Exception as e:  # noqa: BLE001 - retried next period; `dead_reason` counts
+                log.debug("replica stats refresh failed: %r", e)  # from the last success
 
 
 def prefer(replica: str | None, busy: collections.Counter, alive: set[str],

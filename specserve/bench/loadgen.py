@@ -1,6 +1,6 @@
 """A small load generator for a running `specserve serve` (or any OpenAI-compatible server).
 
-`python -m specserve.server.loadgen --url http://127.0.0.1:8000 --concurrency 4 --duration 120`
+`python -m specserve.bench.loadgen --url http://127.0.0.1:8000 --concurrency 4 --duration 120`
 keeps that many streaming chat requests in flight for the duration (each client sends its
 next request when the previous one ends) and prints requests served, errors, p50/p95 TTFT and
 latency, and total generated tokens per second, as one JSON object. Localhost use only: it

@@ -1,6 +1,6 @@
 """The load generator's summary: only successful requests count, percentiles, tokens per second."""
 
-from specserve.server.loadgen import Record, summary
+from specserve.bench.loadgen import Record, summary
 
 
 def test_summary_counts_errors_apart_and_takes_percentiles_of_successes():

@@ -1,0 +1,97 @@
+"""Hostile clients for the soak run, on raw sockets (an HTTP library would read, send and
+close as a polite client does). Each returns one outcome word:
+
+- `stalled_stream`: sends a streaming chat request and reads nothing for `hold_s` seconds,
+  then reads for at most 10 s: "dropped" (the server closed it before its end: the write
+  timeout), "completed" (the whole answer was sent), "refused" (429), "open" (still open and
+  unfinished: the server's buffers had not filled, so the write timeout had not started; a
+  server that never drops a stalled client shows here), "error" (any other answer);
+- `trickled_body`: sends a request head, then its body a byte at a time: "timed_out" (the
+  server answered 408 and closed), "held" (no answer within `give_up_s`), "error";
+- `half_open`: opens a connection, sends half a request head and goes silent: "closed" (the
+  server closed it), "held" (still open after `give_up_s`).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from urllib.parse import urlsplit
+
+RECEIVE_WINDOW = 4096  # the receive buffer of a client that reads nothing: a small window
+
+
+def address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 80
+
+
+def _head(method: str, path: str, api_key: str | None, length: int) -> bytes:
+    auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Type: "
+            f"application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+
+
+def _read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, bool]:
+    """Everything until the server closes the connection (True), or until `timeout` seconds
+    have passed (False)."""
+    deadline, data = time.monotonic() + timeout, b""
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                return data, True
+            data += chunk
+    except TimeoutError:
+        pass
+    except ConnectionResetError:  # dropped: the kernel reset what it still had to send
+        return data, True
+    return data, False
+
+
+def stalled_stream(url: str, api_key: str | None, model: str, prompt: str, max_tokens: int,
+                   hold_s: float) -> str:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
+                       "max_tokens": max_tokens, "logprobs": True, "top_logprobs": 20,
+                       "stream": True}).encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_WINDOW)
+        sock.connect(address(url))
+        sock.sendall(_head("POST", "/v1/chat/completions", api_key, len(body)) + body)
+        time.sleep(hold_s)
+        data, closed = _read_until_closed(sock, timeout=10)
+    if data.startswith(b"HTTP/1.1 429"):
+        return "refused"
+    if not data.startswith(b"HTTP/1.1 200"):
+        return "error"
+    if b"data: [DONE]" in data:
+        return "completed"
+    return "dropped" if closed else "open"
+
+
+def trickled_body(url: str, api_key: str | None, pause_s: float, give_up_s: float) -> str:
+    with socket.create_connection(address(url)) as sock:
+        sock.sendall(_head("POST", "/v1/chat/completions", api_key, 1000))
+        sock.settimeout(pause_s)
+        start = time.monotonic()
+        while time.monotonic() - start < give_up_s:
+            try:
+                sock.sendall(b" ")
+                answer = sock.recv(1 << 16)
+            except TimeoutError:
+                continue  # nothing yet: trickle on
+            except (BrokenPipeError, ConnectionResetError):
+                return "timed_out"
+            if not answer:
+                return "error"  # closed without an answer
+            return "timed_out" if answer.startswith(b"HTTP/1.1 408") else "error"
+    return "held"
+
+
+def half_open(url: str, give_up_s: float) -> str:
+    with socket.create_connection(address(url)) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        _, closed = _read_until_closed(sock, timeout=give_up_s)
+    return "closed" if closed else "held"

@@ -1,0 +1,58 @@
+"""`specserve.bench.soak`, briefly, against a real server on a tiny model with small bounds
+(2 sequence slots, 2 waiting places, 2 s timeouts, a 64 KiB send buffer): well-behaved
+streaming clients mixed with malformed and oversized bodies, disconnects, a slow reader,
+streams never read, trickled bodies, half-open connections and bursts beyond capacity lose
+nothing, get no 5xx, reach 429, leave no connection held and no KV block in use, and the
+server's memory (its KV pools aside) stays flat."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from specserve.bench import soak
+from tests.server.conftest import KEY, start_server
+
+TIMEOUT_S = 2
+
+
+@pytest.fixture(scope="module")
+def bounded(model_dir, tmp_path_factory):
+    srv = start_server(model_dir, tmp_path_factory.mktemp("soak") / "server.log",
+                       "--max-num-seqs", "2", "--max-waiting", "2", "--write-timeout",
+                       str(TIMEOUT_S), "--body-timeout", str(TIMEOUT_S), "--header-timeout",
+                       str(TIMEOUT_S), "--send-buffer-bytes", str(64 << 10))
+    yield srv
+    srv.stop()
+
+
+def test_a_short_soak_with_hostile_clients_serves_everyone_and_stays_flat(bounded):
+    figures = soak.run(bounded.base_url, KEY, clients=4, duration=12, max_tokens=16,
+                       pid=bounded.process.pid, warmup=4, stall_s=TIMEOUT_S + 3,
+                       stall_tokens=600, burst=16)
+    outcomes = figures["outcomes"]
+    assert figures["served"] > 0 and figures["answers_5xx"] == 0 and figures["lost"] == 0, figures
+    assert figures["held"] == 0 and figures["answers_429"] > 0, outcomes
+    assert figures["kv_blocks_in_use_after"] == 0
+    for kind, expected in (("malformed", {"4xx"}), ("oversized", {"4xx"}),
+                           ("trickled", {"timed_out"}), ("half_open", {"closed"}),
+                           ("stalled", {"dropped", "completed", "refused"})):
+        seen = {k.split(":")[1] for k in outcomes if k.startswith(kind + ":")}
+        assert seen and seen <= expected, (kind, outcomes)
+    assert "stalled:dropped" in outcomes  # the write timeout closed a stream nobody read
+    assert figures["latency_p99_s"] is not None
+    assert abs(figures["rss_change_excluding_kv"]) < 0.1, figures
+
+
+def test_the_summary_sorts_outcomes_into_served_errors_and_losses():
+    outcomes = Counter({"stream:ok": 5, "slow:ok": 1, "stream:5xx": 2, "malformed:4xx": 3,
+                        "disconnect:left": 4, "stream:lost": 1, "burst:429": 6,
+                        "stalled:refused": 1, "half_open:held": 2, "burst:ok": 1})
+    figures = soak.summary(outcomes, 16, 600, 1000, 1040, 0)
+    assert (figures["served"], figures["answers_5xx"], figures["answers_4xx"], figures["lost"],
+            figures["left_early"], figures["rss_change"], figures["answers_429"],
+            figures["held"]) == (7, 2, 3, 1, 4, 0.04, 7, 2)
+    # 1000 → 1040 KiB resident, of which the KV pools' touched blocks 0 → 40 KiB: flat
+    touched = soak.summary(outcomes, 16, 600, 1000, 1040, 0, 0.0, 40 * 1024.0)
+    assert touched["rss_change"] == 0.04 and touched["rss_change_excluding_kv"] == 0.0

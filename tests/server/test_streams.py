@@ -1,0 +1,84 @@
+"""`streams`: a job's n split into engine requests of at most a share of the slots (each
+completion seeded as in one request, the output joined as one request's), and
+`ahead_of_client` reading a stream to its end whatever its reader does."""
+
+from __future__ import annotations
+
+import asyncio
+
+from specserve.engine.outputs import CompletionDelta, CompletionOutput, RequestDelta, RequestOutput
+from specserve.sampling.params import SamplingParams
+from specserve.server.preparation import Job
+from specserve.server.streams import ahead_of_client, job_stream, parts
+
+
+def job(n: int, seed: int | None = 5) -> Job:
+    return Job([1, 2, 3], SamplingParams(n=n, seed=seed), None)
+
+
+def test_n_beyond_the_share_runs_in_parts_each_completion_seeded_as_in_one_request():
+    runs = parts(job(10), share=4)
+    assert [(first, p.params.n, p.params.seed) for first, p in runs] == [
+        (0, 4, 5), (4, 4, 9), (8, 2, 13)]  # completion i: seed 5 + i either way
+    assert parts(job(4), share=4) == [(0, job(4))] and parts(job(9), None) == [(0, job(9))]
+    assert [p.params.seed for _, p in parts(job(3, seed=None), share=1)] == [None] * 3
+
+
+class Engine:
+    """Answers each request with one delta per completion, then a finishing one."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, int]] = []
+
+    async def stream(self, prompt, params, request_id, speculation=None):
+        self.requests.append((request_id, params.n))
+        outputs = [CompletionOutput(i, f"s{params.seed + i}", [i], "length", 1, None, None, None)
+                   for i in range(params.n)]
+        yield RequestDelta(request_id, [CompletionDelta(i, [i], "x", None, [], None)
+                                        for i in range(params.n)], False, None)
+        yield RequestDelta(request_id, [], True, RequestOutput(request_id, None, prompt, outputs,
+                                                               True))
+
+    def abort(self, request_id) -> None:
+        raise AssertionError("nothing is aborted")
+
+
+def test_the_parts_stream_as_one_request_and_join_into_its_output():
+    engine = Engine()
+
+    async def collect():
+        return [d async for d in job_stream(engine, job(5), "req", share=2)]
+
+    deltas = asyncio.run(collect())
+    assert engine.requests == [("req.0", 2), ("req.1", 2), ("req.2", 1)]
+    assert [d.finished for d in deltas] == [False] * 5 + [True]
+    assert sorted(c.index for d in deltas for c in d.completions) == [0, 1, 2, 3, 4]
+    out = deltas[-1].output
+    assert (out.request_id, out.prompt_token_ids) == ("req", [1, 2, 3])  # the prompt once
+    assert [(c.index, c.text) for c in out.outputs] == [(i, f"s{5 + i}") for i in range(5)]
+
+
+def test_ahead_of_client_reads_to_the_end_while_nobody_reads_and_closing_stops_it():
+    ended = asyncio.Event()
+
+    async def items(count: int):
+        try:
+            for i in range(count):
+                await asyncio.sleep(0)
+                yield i
+        finally:
+            ended.set()
+
+    async def scenario():
+        ahead = ahead_of_client(items(100))
+        first = await anext(ahead)  # one item read, then the reader stalls
+        await asyncio.wait_for(ended.wait(), 5)  # ...and the source still ran to its end
+        rest = [i async for i in ahead]
+        ended.clear()
+        endless = ahead_of_client(items(10**9))
+        await anext(endless)
+        await endless.aclose()  # the client went away: the source is closed
+        return first, rest, ended.is_set()
+
+    first, rest, closed = asyncio.run(scenario())
+    assert first == 0 and rest == list(range(1, 100)) and closed
