@@ -1,8 +1,9 @@
 """specserve: an LLM inference engine built around speculative decoding."""
 
 from specserve.sampling.params import SamplingParams
+from specserve.sampling.structured import Structural, StructuredOutputsParams
 
-__all__ = ["AsyncEngine", "LLM", "SamplingParams"]
+__all__ = ["AsyncEngine", "LLM", "SamplingParams", "Structural", "StructuredOutputsParams"]
 __version__ = "0.1.0"
 
 

@@ -17,10 +17,9 @@ import argparse
 import json
 import statistics
 
-from specserve import LLM, SamplingParams
+from specserve import LLM, SamplingParams, StructuredOutputsParams
 from specserve.bench.checkers import check
 from specserve.bench.tasks import load_tasks
-from specserve.sampling.structured import StructuredOutputsParams
 
 DRAFT = "qwen2.5-coder-0.5b"
 HYBRID = {"method": "hybrid", "model": DRAFT, "num_speculative_tokens": -1}
