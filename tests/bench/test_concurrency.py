@@ -97,11 +97,11 @@ def test_a_sustained_run_keeps_its_level_in_flight_and_counts_only_the_window(in
     engine = llm.engine
     prompts = [[(5 * i + j) % 90 + 3 for j in range(6 + i % 5)] for i in range(40)]
     in_flight, made, added = [], [], []
-    run_step, step, add = engine._run_step, engine.step, engine.add_request
+    schedule, step, add = engine._schedule, engine.step, engine.add_request
 
-    def recording_run_step():
+    def recording_schedule():
         in_flight.append(len(engine.scheduler.running) + len(engine.scheduler.waiting))
-        run_step()
+        return schedule()
 
     def recording_step():
         deltas = step()
@@ -112,7 +112,7 @@ def test_a_sustained_run_keeps_its_level_in_flight_and_counts_only_the_window(in
         added.append(list(ids))
         return add(ids, params, **kw)
 
-    engine._run_step, engine.step, engine.add_request = recording_run_step, recording_step, \
+    engine._schedule, engine.step, engine.add_request = recording_schedule, recording_step, \
         recording_add
     # the clock reads 0 at the start and i after step i: steps 4..11 end inside [4, 12)
     res = run_sustained(llm, prompts, 3, 3, 0.0, seconds=12, ramp=4, clock=counting_clock())
