@@ -241,7 +241,7 @@ class LLMEngine:
         seqs, spec = plan.decode, self.spec
         t0 = time.perf_counter()
         proposals = spec.propose(plan) if spec is not None else [EMPTY] * len(seqs)
-        proposals = [truncate_to_grammar(s, p) for s, p in zip(seqs, proposals)]
+        proposals = [self._legal(s, p) for s, p in zip(seqs, proposals)]
         t1 = time.perf_counter()
         rows = [[s.token_ids[-1]] + p.tokens for s, p in zip(seqs, proposals)]
         starts = [s.num_cached for s in seqs]
@@ -269,6 +269,14 @@ class LLMEngine:
                          t1 - t0, t2 - t1)
         for chunk, lg in zip(plan.chunks, logits[len(seqs):]):
             self._prefilled(chunk, lg)
+
+    def _legal(self, seq: Sequence, prop: Proposal) -> Proposal:
+        """The proposal cut to what its grammar allows (a grammar that cannot go on: none;
+        the round then fails that sequence alone)."""
+        try:
+            return truncate_to_grammar(seq, prop)
+        except GrammarError:
+            return EMPTY
 
     def _round(self, seq: Sequence, prop: Proposal, logits: torch.Tensor) -> VerifyResult:
         """The round's tokens; a grammar that cannot go on fails its sequence alone."""
@@ -323,8 +331,12 @@ class LLMEngine:
         seq.token_ids += tokens[:kept]
         self._touched[seq.request_id] = None
         if seq.grammar is not None:
-            for token in tokens[:kept]:
-                seq.grammar.accept(token)
+            try:
+                for token in tokens[:kept]:
+                    seq.grammar.accept(token)
+            except GrammarError as error:  # it cannot go on: this sequence fails alone
+                self._fail(seq, error)
+                return
             if reason is None and seq.grammar.is_terminated:
                 reason = FINISH_STOP
         if reason is not None:

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass, field
 from functools import partial
 
+from specserve.sampling.grammar import GrammarError
 from specserve.speculative.calibration import Calibration
 from specserve.speculative.candidate import NO_CANDIDATE, Candidate
 from specserve.speculative.cost_aware import DEFAULT_MARGIN, CostAwarePolicy
@@ -271,15 +272,19 @@ class SpeculationController:
         continuing after it (cut where the grammar would refuse it)."""
         limit = room if st.fixed_k is None else min(room, st.fixed_k)
         grammar = seq.grammar
-        drafts = grammar is not None and self.config.grammar_drafts
-        st.forced = grammar.forced(limit) if drafts else []
-        cand = NO_CANDIDATE
-        if self.lookup is not None and limit > len(st.forced):
-            cand = self.lookup.candidate(seq, limit - len(st.forced), st.forced)
-            if grammar is not None and cand.tokens:
-                legal = grammar.legal_prefix(st.forced + cand.tokens) - len(st.forced)
-                cand = Candidate(cand.tokens[:legal], cand.confidence[:legal], cand.match_len,
-                                 cand.from_cache) if legal > 0 else NO_CANDIDATE
+        try:
+            st.forced = grammar.forced(limit) if grammar is not None and \
+                self.config.grammar_drafts else []
+            cand = NO_CANDIDATE
+            if self.lookup is not None and limit > len(st.forced):
+                cand = self.lookup.candidate(seq, limit - len(st.forced), st.forced)
+                if grammar is not None and cand.tokens:
+                    legal = grammar.legal_prefix(st.forced + cand.tokens) - len(st.forced)
+                    cand = Candidate(cand.tokens[:legal], cand.confidence[:legal],
+                                     cand.match_len, cand.from_cache) \
+                        if legal > 0 else NO_CANDIDATE
+        except GrammarError:  # its grammar cannot go on: the round fails that sequence alone
+            st.forced, cand = [], NO_CANDIDATE
         st.candidate = cand
         n = len(st.forced) + len(cand.tokens)
         if not n:

@@ -17,6 +17,7 @@ from typing import Protocol
 
 import torch
 
+from specserve.sampling.grammar import GrammarError
 from specserve.sampling.processors import (argmax_rows, greedy_scores, needs_history,
                                            processed_probs)
 from specserve.sampling.rejection import sample_from
@@ -61,7 +62,7 @@ def _grammar_done(seq: DraftSequence) -> bool:
 
 class _DraftSeq:
     __slots__ = ("seq", "table", "started", "seen", "skipped", "prefilling", "fresh", "tokens",
-                 "probs")
+                 "probs", "followed")
 
     def __init__(self, seq: DraftSequence) -> None:
         self.seq = seq
@@ -73,6 +74,7 @@ class _DraftSeq:
         self.fresh = False  # started, ready, and its whole (windowed) tail still to be fed
         self.tokens: list[int] = []
         self.probs: list[torch.Tensor] = []
+        self.followed = 0  # drafts the sequence's grammar accepted this round (rolled back)
 
     @property
     def num_cached(self) -> int:
@@ -209,10 +211,11 @@ class DraftModelDrafter:
             starts = [st.num_cached for _, _, st, _ in active]
             tables = [st.table for _, _, st, _ in active]
             last_n = [1] * len(active)
-        for seq, k in zip(seqs, ks):  # the grammar followed the drafts: back to the sequence
-            grammar = getattr(seq, "grammar", None)
-            if k and grammar is not None and self._seqs[seq.seq_id].tokens:
-                grammar.rollback(len(self._seqs[seq.seq_id].tokens))
+        for seq in seqs:  # the grammar followed the drafts: back to the sequence
+            st = self._seqs[seq.seq_id]
+            if st.followed:
+                seq.grammar.rollback(st.followed)
+                st.followed = 0
         return [self._proposal(seq, k) for seq, k in zip(seqs, ks)]
 
     def _prefill_chunks(self, drafting: set[int], budget: int
@@ -264,7 +267,10 @@ class DraftModelDrafter:
         logits = self._align(logits)  # [1, target vocab]
         grammar = getattr(seq, "grammar", None)
         if grammar is not None:
-            logits = logits.masked_fill(~grammar.allowed()[None, :], float("-inf"))
+            try:
+                logits = logits.masked_fill(~grammar.allowed()[None, :], float("-inf"))
+            except GrammarError:  # it cannot go on: its round fails the sequence alone
+                grammar = None
         # the history is only read for penalties: skip copying the sequence when none are set
         history = seq.token_ids + st.tokens if needs_history(seq.params) else seq.token_ids
         if seq.params.greedy:
@@ -278,6 +284,7 @@ class DraftModelDrafter:
         if grammar is not None:
             accepted = grammar.accept(st.tokens[-1])
             assert accepted, "a token sampled under the grammar's mask is legal"
+            st.followed += 1
 
     def _proposal(self, seq: DraftSequence, k: int) -> Proposal:
         st = self._seqs[seq.seq_id]

@@ -171,3 +171,38 @@ def test_a_bad_schema_is_refused_before_anything_is_queued(pair):
     with pytest.raises(ValueError, match="uniqueItems"):
         llm.generate(["a", "b"], [SamplingParams(max_tokens=2), bad])
     assert not llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("method", ["hybrid", "draft_model", "suffix"])
+def test_a_grammar_that_cannot_go_on_fails_its_request_alone(monkeypatch, method):
+    """llguidance may give up mid-output (its per-step limits): that request ends with the
+    error, wherever the grammar is asked (plan, draft, verify), and the others finish."""
+    from specserve.sampling import grammar as grammar_module
+
+    P, Q = toy.random_table(V, seed=3), toy.random_table(V, seed=4)
+    engine = grammar_engine(P, Q if method != "suffix" else None, 3, method)
+    spec = StructuredOutputsParams(regex="[abc]{0,20}d")
+    engine.add_request([0, 1], SamplingParams(max_tokens=12, seed=1, structured_outputs=spec),
+                       request_id="doomed")
+    engine.add_request([0, 1], SamplingParams(max_tokens=12, seed=2, structured_outputs=spec),
+                       request_id="fine")
+    engine.add_request([0, 1], SamplingParams(max_tokens=12, seed=3, ignore_eos=True),
+                       request_id="free")
+    doomed = engine.requests["doomed"].seqs[0].grammar
+    compute = grammar_module.GrammarMatcher._compute
+
+    def failing(self):
+        if self is doomed and len(engine.requests["doomed"].seqs[0].token_ids) >= 5:
+            raise grammar_module.GrammarError("structured output cannot go on: limits")
+        return compute(self)
+
+    monkeypatch.setattr(grammar_module.GrammarMatcher, "_compute", failing)
+    finals = {}
+    while engine.has_unfinished():
+        for d in engine.step():
+            if d.finished:
+                finals[d.request_id] = d
+    assert isinstance(finals["doomed"].error, grammar_module.GrammarError)
+    assert finals["fine"].error is None and finals["free"].error is None
+    assert finals["fine"].output.outputs[0].text.endswith("d")
+    assert finals["free"].output.outputs[0].finish_reason == "length"
