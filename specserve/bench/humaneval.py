@@ -78,7 +78,10 @@ def response_prefix(prompt: str) -> str:
 
 def chat_ids(tokenizer, text: str, response_prefix: str = "") -> list[int]:
     """Token ids of a one-message chat with the assistant turn opened (and started with
-    `response_prefix`), encoded as one text so no token is split at the boundary."""
+    `response_prefix`), encoded as one text so no token is split at the boundary; a model
+    without a chat template gets the message, a blank line and the prefix."""
+    if not tokenizer.chat_template:
+        return tokenizer.encode(f"{text}\n\n{response_prefix}")
     return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}])
                             + response_prefix)
 
