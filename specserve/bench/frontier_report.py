@@ -3,10 +3,10 @@ its paired figures, the lossless controls, the settings on the speed/accuracy fr
 the frontier PNG (speedup against accuracy and against the paired difference, with their
 intervals, one curve per method, one row of panels per temperature).
 
-`python -m specserve.bench.frontier_report RUN_DIR [--docs docs/fidelity.md]` recomputes the
-summary from a run's records (`frontier.records.jsonl`, or `frontier.json`), rewrites the
-run's report, and with `--docs` writes its tables and plot into the doc between the
-`BEGIN`/`END` markers.
+`python -m specserve.bench.frontier_report RUN_DIR... [--out DIR] [--docs docs/fidelity.md]`
+recomputes the summary from runs' records (`frontier.records.jsonl`, or `frontier.json`;
+several runs, e.g. one per temperature, are pooled), rewrites the report, and with `--docs`
+writes its tables and plot into the doc between the `BEGIN`/`END` markers.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ def write_frontier(out_dir: Path, machine: dict, options: dict, records: list[di
     return files
 
 
-def write_docs(doc: Path, rows: list[dict], machine: dict, options: dict, run_dir: Path,
+def write_docs(doc: Path, rows: list[dict], machine: dict, options: dict, run_dir: Path | str,
                png: Path | None) -> None:
     """Replace the doc's text between `BEGIN` and `END` with this run's tables (and copy the
     plot beside the doc)."""
@@ -219,17 +219,28 @@ def load_records(run_dir: Path) -> tuple[list[dict], dict, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Rebuild a frontier run's report from its records")
-    ap.add_argument("run_dir", type=Path)
+    ap = argparse.ArgumentParser(description="Rebuild a frontier report from runs' records")
+    ap.add_argument("run_dirs", type=Path, nargs="+",
+                    help="one or more runs (e.g. one per temperature or task set), pooled")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="where the pooled report goes (default: the first run's folder)")
     ap.add_argument("--docs", type=Path, default=None,
                     help="also write the tables into this doc, between its markers")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
-    records, machine, options = load_records(args.run_dir)
+    records, machine, options = [], {}, []
+    for run_dir in args.run_dirs:
+        recs, mach, opts = load_records(run_dir)
+        records += recs
+        machine = machine or mach
+        options.append(opts)
     rows = summarize_frontier(records)
-    files = write_frontier(args.run_dir, machine, options, records, rows, not args.no_plots)
+    out = args.out or args.run_dirs[0]
+    pooled = options[0] if len(options) == 1 else {"runs": options}
+    files = write_frontier(out, machine, pooled, records, rows, not args.no_plots)
     if args.docs is not None:
-        write_docs(args.docs, rows, machine, options, args.run_dir, files.get("png"))
+        where = ", ".join(str(d) for d in args.run_dirs)
+        write_docs(args.docs, rows, machine, pooled, where, files.get("png"))
     print(table(rows))
     return 0
 

@@ -187,3 +187,20 @@ def test_frontier_suite_runs_humaneval_end_to_end_on_tiny_models(pair, tmp_path)
     assert frontier_report.main([str(out), "--docs", str(doc)]) == 0
     assert "HumanEval" in doc.read_text() and (tmp_path / "fidelity-frontier.png").exists()
     assert json.loads((out / "frontier.json").read_text())["machine"]["target"]
+
+
+def test_report_pools_runs_of_different_temperatures(tmp_path):
+    greedy = deterministic_pair([True, False, True], [True, True, True])
+    sampled = [dict(r, temperature=0.7) for r in deterministic_pair([True] * 3, [False] * 3)]
+    for name, records in (("t0", greedy), ("t07", sampled)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "frontier.records.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in records))
+    out = tmp_path / "pooled"
+    assert frontier_report.main([str(tmp_path / "t0"), str(tmp_path / "t07"), "--out", str(out),
+                                 "--no-plots"]) == 0
+    rows = json.loads((out / "frontier.json").read_text())["summary"]
+    assert {(r["config"], r["temperature"]) for r in rows} == \
+        {(c, t) for c in (TARGET_ONLY, "x") for t in (0.0, 0.7)}
+    x = {r["temperature"]: r for r in rows if r["config"] == "x"}
+    assert x[0.0]["delta"] == pytest.approx(1 / 3) and x[0.7]["delta"] == pytest.approx(-1.0)
