@@ -43,7 +43,6 @@ TV(one-hot(x_i), p_i) is reported, so FLy's mean TV counts what its deferrals ov
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,8 +58,8 @@ from specserve.sampling.round_checks import check_verify_args
 @dataclass(frozen=True, slots=True)
 class FlySettings:
     """`window` (W for "specserve", the published win_len for "published"; >= 1), the entropy
-    threshold tau (see the table above for its range), the k of the top-k gate (>= 2) and the
-    variant."""
+    threshold tau (its range per variant: see the module docstring), the k of the top-k gate
+    (>= 2) and the variant."""
 
     window: int
     entropy_threshold: float = 0.3
