@@ -33,7 +33,8 @@ LEGEND = ("Items are the unit: a cell is one configuration's calls on one item; 
           "McNemar's exact p (sign-flip test and bootstrap interval when cells hold fractions). "
           "Speedup: geometric mean over items of target-only seconds per generated token over "
           "the configuration's (each cell's median over its calls, prefill included), "
-          "bootstrap 95% interval over items. Mean TV: realised TV(π, p) per verified draft "
+          "bootstrap 95% interval over items; decode speedup likewise from tokens/s after "
+          "the first token. Mean TV: realised TV(π, p) per verified draft "
           "position (for FLy, 1 − p(x) at each deferral).")
 
 
@@ -47,6 +48,10 @@ def _interval(value, lo, hi, spec: str, suffix: str = "") -> str:
     if lo is None or hi is None:
         return f"{value:{spec}}{suffix}"
     return f"{value:{spec}}{suffix} [{lo:{spec}}, {hi:{spec}}]"
+
+
+def _speedup(r: dict, name: str) -> str:
+    return _interval(r.get(name), r.get(f"{name}_lo"), r.get(f"{name}_hi"), ".2f", "x")
 
 
 def _name(r: dict) -> str:
@@ -63,8 +68,9 @@ def _p(r: dict) -> str:
 def table(rows: list[dict]) -> str:
     head = ("| config | T | items | calls (distinct) | accuracy [95% CI] | Δ vs target [95% CI] "
             "| p (test, b/c) | " + " / ".join(label for _, label in KINDS) + " | speedup "
-            "[95% CI] | accept | mean TV | NLL creative | dist-2 creative |")
-    lines = [head, "|" + "---|" * 13]
+            "[95% CI] | decode speedup [95% CI] | accept | mean TV | NLL creative "
+            "| dist-2 creative |")
+    lines = [head, "|" + "---|" * 14]
     for r in rows:
         kinds = r["accuracy_by_kind"]
         by_kind = " / ".join(_fmt(kinds.get(k), ".0%") for k, _ in KINDS)
@@ -74,6 +80,7 @@ def table(rows: list[dict]) -> str:
             f"{_interval(r['accuracy'], r['accuracy_lo'], r['accuracy_hi'], '.1%')} | "
             f"{_interval(r['delta'], r['delta_lo'], r['delta_hi'], '+.1%')} | {_p(r)} | "
             f"{by_kind} | {_interval(r['speedup'], r['speedup_lo'], r['speedup_hi'], '.2f', 'x')} "
+            f"| {_speedup(r, 'speedup_decode')} "
             f"| {_fmt(r['acceptance'], '.1%')} | {_fmt(r['mean_tv'], '.3f')} | "
             f"{_fmt(r['nll'], '.3f')} | {_fmt(r['distinct_2'], '.3f')} |")
     return "\n".join(lines)

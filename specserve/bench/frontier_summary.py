@@ -12,7 +12,9 @@ and flagged. Per row:
   and the sign-flip test of the per-item differences;
 - speedup: the geometric mean over items (tasks and the creative prompt) of target only's
   seconds per generated token over this configuration's (each cell's median over its calls,
-  prefill included), with a bootstrap interval over items;
+  prefill included), with a bootstrap interval over items; `speedup_decode` likewise from
+  decode tokens/s after the first token (prefill excluded: a reply that stops sooner is not
+  charged its prompt's prefill over fewer tokens);
 - acceptance, mean realised TV, the target's NLL per token (tasks; creative) and distinct-2
   (creative).
 """
@@ -123,23 +125,34 @@ def _seconds_per_token(rs: list[dict]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _decode_rate(rs: list[dict]) -> float | None:
+    values = [r["decode_tokens_per_s"] for r in rs if r.get("decode_tokens_per_s")]
+    return statistics.median(values) if values else None
+
+
 def _speed(mine: dict[str, list[dict]], base: dict[str, list[dict]], is_base: bool) -> dict:
-    ratios, creative = [], None
+    """E2E (seconds per token, prefill included) and decode (tokens/s after the first token)
+    speedups over target only, per item, pooled as geometric means."""
+    e2e, decode, creative = [], [], None
     for item, rs in mine.items():
         ours, theirs = _seconds_per_token(rs), _seconds_per_token(base.get(item, []))
         if ours and theirs:
-            ratios.append(theirs / ours)
+            e2e.append(theirs / ours)
             if item == CREATIVE:
                 creative = theirs / ours
-    if not ratios:
-        return {"speedup": None, "speedup_lo": None, "speedup_hi": None,
-                "speedup_creative": None, "speed_items": 0}
-    if is_base:
-        return {"speedup": 1.0, "speedup_lo": None, "speedup_hi": None,
-                "speedup_creative": 1.0 if creative else None, "speed_items": len(ratios)}
-    lo, hi = geometric_mean_ci(ratios) if len(ratios) > 1 else (None, None)
-    return {"speedup": geometric_mean(ratios), "speedup_lo": lo, "speedup_hi": hi,
-            "speedup_creative": creative, "speed_items": len(ratios)}
+        rate, base_rate = _decode_rate(rs), _decode_rate(base.get(item, []))
+        if rate and base_rate:
+            decode.append(rate / base_rate)
+    out = {"speed_items": len(e2e), "speedup_creative": creative}
+    for name, ratios in (("speedup", e2e), ("speedup_decode", decode)):
+        if not ratios:
+            out.update({name: None, f"{name}_lo": None, f"{name}_hi": None})
+        elif is_base:
+            out.update({name: 1.0, f"{name}_lo": None, f"{name}_hi": None})
+        else:
+            lo, hi = geometric_mean_ci(ratios) if len(ratios) > 1 else (None, None)
+            out.update({name: geometric_mean(ratios), f"{name}_lo": lo, f"{name}_hi": hi})
+    return out
 
 
 def _quality(calls: list[dict], tasks: dict[str, list[dict]], creative: list[dict]) -> dict:

@@ -82,8 +82,11 @@ def test_speedup_is_the_geometric_mean_of_per_item_cell_medians():
         for s, jitter in enumerate((1.0, 1.1, 50.0)):  # the outlier call is the median's to drop
             records.append(rec(TARGET_ONLY, TARGET_ONLY, f"m{i}", s, b * jitter, 100, True))
             records.append(rec("z", "mentored", f"m{i}", s, x * jitter, 100, True, out=f"{s}"))
+    for r in records:  # decode rates: 100 tokens over the call's seconds
+        r["decode_tokens_per_s"] = 100 / r["e2e_s"]
     row = {r["config"]: r for r in summarize_frontier(records)}["z"]
     assert row["speedup"] == pytest.approx(geometric_mean([2.0, 1.0, 4.0]))
+    assert row["speedup_decode"] == pytest.approx(geometric_mean([2.0, 1.0, 4.0]))
     assert row["speedup_lo"] <= row["speedup"] <= row["speedup_hi"]
     assert row["min_calls_per_cell"] == 3 and row["acceptance"] == pytest.approx(0.5)
 
