@@ -3,8 +3,13 @@
 - arithmetic: the number on the last `Answer:` line (else the last number in the reply)
   equals the answer within 1e-6 (thousands separators allowed: "1,200");
 - extraction: the first JSON object in the reply (a ```json fence allowed) has exactly the
-  expected keys; strings equal after trimming, collapsing spaces and case-folding; numbers
-  equal within 1e-6 (bools are not numbers); lists equal element by element;
+  expected keys, and each value equals the answer's once both are normalised (`same_value`):
+  strings after trimming, collapsing spaces and case-folding; numbers within 1e-6, a number
+  written as a JSON string ("4471") counting as that number; clock times as (hours,
+  minutes), whether written "14:30", "14.30" or as the JSON number 14.30 (read as its
+  literal, so 14.3 is not a time); bools only as bools; lists element by element;
+- humaneval: the reply's code, with the problem's prompt, tests and `check(entry_point)`
+  (`bench/humaneval.py`), runs to its end in the sandbox (`bench/sandbox.py`);
 - code_edit: the module in the reply's first ``` block (else the whole reply) parses, and
   each of the task's calls, run on it in a separate, isolated Python process with a time
   limit, gives the expected `repr`; `exact` also records whether the module equals the
@@ -20,11 +25,15 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 
+from specserve.bench import humaneval
+from specserve.bench.sandbox import SandboxLimits, run_program
 from specserve.bench.tasks import Task
 
 CALL_TIMEOUT_S = 10.0
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+TIME = re.compile(r"([01]?\d|2[0-3])[:.]([0-5]\d)")
 FENCE = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)```", re.DOTALL)
 # runs in a fresh `python -I`: exec the module, evaluate each call, print the results' reprs
 HARNESS = """
@@ -61,7 +70,10 @@ def check(task: Task, reply: str) -> Verdict:
         return check_json(reply, task.data["answer"])
     if task.kind == "code_edit":
         return check_code(reply, task.data)
-    raise ValueError(f"task kind must be one of code_edit, arithmetic, extraction, got {task.kind!r}")
+    if task.kind == humaneval.KIND:
+        return check_humaneval(reply, task.data)
+    raise ValueError(f"task kind must be one of code_edit, arithmetic, extraction, humaneval, "
+                     f"got {task.kind!r}")
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -91,8 +103,9 @@ def check_number(reply: str, answer: float) -> Verdict:
 # ---------------------------------------------------------------- extraction
 
 def first_json_object(reply: str) -> object | None:
-    """The first JSON object that decodes, scanning from each '{' of the reply."""
-    decoder = json.JSONDecoder()
+    """The first JSON object that decodes, scanning from each '{' of the reply; its
+    non-integral numbers stay `Decimal`s, which keep their literal ("14.30")."""
+    decoder = json.JSONDecoder(parse_float=Decimal)
     for match in re.finditer(r"\{", reply):
         try:
             value, _ = decoder.raw_decode(reply, match.start())
@@ -104,16 +117,49 @@ def first_json_object(reply: str) -> object | None:
 
 
 def same_value(got: object, want: object) -> bool:
+    """Whether an extracted value equals the answer's, after normalising both (see the
+    module docstring)."""
     if isinstance(want, bool) or isinstance(got, bool):
         return isinstance(got, bool) and isinstance(want, bool) and got == want
-    if isinstance(want, (int, float)):
-        return isinstance(got, (int, float)) and math.isclose(got, want, rel_tol=0, abs_tol=1e-6)
-    if isinstance(want, str):
-        return isinstance(got, str) and _norm(got) == _norm(want)
     if isinstance(want, list):
         return (isinstance(got, list) and len(got) == len(want)
                 and all(same_value(g, w) for g, w in zip(got, want)))
+    if isinstance(want, str) and clock_time(want) is not None:
+        return clock_time(got) == clock_time(want)
+    if isinstance(want, (int, float)):
+        value = as_number(got)
+        return value is not None and math.isclose(value, want, rel_tol=0, abs_tol=1e-6)
+    if isinstance(want, str):
+        return isinstance(got, str) and _norm(got) == _norm(want)
     return got == want
+
+
+def as_number(value: object) -> float | None:
+    """A JSON number, or a string that is one number and nothing else ("4471", " 2.50 ")."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float, Decimal)):
+        return float(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d+(\.\d+)?\s*", value):
+        try:
+            return float(Decimal(value.strip()))
+        except InvalidOperation:
+            return None
+    return None
+
+
+def clock_time(value: object) -> tuple[int, int] | None:
+    """(hours, minutes) of "14:30", "14.30" or the JSON number literal 14.30, else None."""
+    if isinstance(value, Decimal):
+        value = str(value)
+    if not isinstance(value, str):
+        return None
+    match = TIME.fullmatch(value.strip())
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _shown(value: object) -> str:
+    return str(value) if isinstance(value, Decimal) else repr(value)
 
 
 def _norm(text: str) -> str:
@@ -128,7 +174,7 @@ def check_json(reply: str, answer: dict) -> Verdict:
         return Verdict(False, f"keys {sorted(got)}, expected {sorted(answer)}")
     wrong = [k for k in answer if not same_value(got[k], answer[k])]
     if wrong:
-        return Verdict(False, "wrong " + ", ".join(f"{k}={got[k]!r}" for k in wrong))
+        return Verdict(False, "wrong " + ", ".join(f"{k}={_shown(got[k])}" for k in wrong))
     return Verdict(True, "ok")
 
 
@@ -155,6 +201,14 @@ def run_calls(source: str, calls: list[str]) -> dict:
         return json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
         return {"error": f"the module crashed the interpreter (exit {done.returncode})"}
+
+
+def check_humaneval(reply: str, data: dict,
+                    limits: SandboxLimits = SandboxLimits()) -> Verdict:
+    """Run the reply's code with the problem's tests in the sandbox (`bench/humaneval.py`)."""
+    program = humaneval.assemble(data, humaneval.extract_code(reply))
+    result = run_program(program, limits)
+    return Verdict(result.passed, result.reason)
 
 
 def check_code(reply: str, task: dict) -> Verdict:

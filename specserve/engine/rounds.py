@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from specserve.sampling.entropy import entropy_budgets, gate_distribution
-from specserve.sampling.fly import FlySettings, verify_fly
+from specserve.sampling.fly import FlySettings, fly_gate_distribution, verify_fly
 from specserve.sampling.processors import greedy_scores, processed_probs
 from specserve.sampling.rejection import VerifyResult, verify, verify_greedy
 from specserve.speculative.drafter import Proposal
@@ -55,12 +55,14 @@ def sample_round(seq, prop: Proposal, logits: torch.Tensor, bonus: bool = True
     target_probs = processed_probs(logits, params, seq.token_ids, seq.prompt_len,
                                    drafts)  # [k + 1, vocab]
     shaped = params.tv_entropy_top_k is not None and seq.tv_budget > 0 and prop.k > 0
-    gate = gate_distribution(logits, target_probs, params.greedy) if fly or shaped else None
-    budget = (entropy_budgets(gate[:prop.k], seq.tv_budget, params.tv_entropy_top_k)
-              if shaped else seq.tv_budget)
+    budget = seq.tv_budget
+    if shaped:
+        gate = gate_distribution(logits, target_probs, params.greedy)  # [k + 1, vocab]
+        budget = entropy_budgets(gate[:prop.k], seq.tv_budget, params.tv_entropy_top_k)
     uniforms = torch.rand(prop.k, generator=seq.generator, dtype=torch.float64)  # [k]
     residual_u = float(torch.rand((), generator=seq.generator, dtype=torch.float64))
     if fly is not None:
+        gate = fly_gate_distribution(fly, logits, target_probs, params.greedy)  # [k + 1, vocab]
         return verify_fly(drafts, prop.draft_probs, target_probs, uniforms, residual_u, fly,
                           gate, budget, bonus)
     return verify(drafts, prop.draft_probs, target_probs, uniforms, residual_u, budget, bonus)

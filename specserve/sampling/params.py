@@ -44,6 +44,8 @@ MAX_STOP_STRINGS = 16  # stop strings per request
 MAX_TOP_K = 1024
 MAX_ENTROPY_TOP_K = 64  # the k of `tv_entropy_top_k` and `fly_top_k`
 MAX_STOP_CHARS = 256  # characters per stop string
+FLY_VARIANTS = ("specserve", "published")  # see sampling/fly.py
+PUBLISHED_FLY_WINDOW = 6  # the win_len of FLy's published configuration
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,9 @@ class SamplingParams:
     request (None: use the engine's); `tv_entropy_top_k` = k spends it where the target is
     uncertain, D_i = D * h_k(p_i) (see `sampling/entropy.py`; None: D at every position).
     `fly_window` = W turns on FLy verification for this request (see `sampling/fly.py`;
-    None: off), with `fly_entropy_threshold` tau and `fly_top_k` for its entropy gate.
+    None: off), with `fly_entropy_threshold` tau and `fly_top_k` for its entropy gate;
+    `fly_variant="published"` turns on FLy as its authors' code runs it, `fly_window` then
+    being its win_len (default `PUBLISHED_FLY_WINDOW`).
     """
 
     n: int = option(1, "completions per prompt")
@@ -85,6 +89,10 @@ class SamplingParams:
     fly_entropy_threshold: float = option(0.3, "FLy: the target's top-k entropy from which a "
                                           "rejection may be deferred, in [0, 1]")
     fly_top_k: int = option(3, "FLy: the k of its entropy gate and of the draft's rank (>= 2)")
+    fly_variant: str = option("specserve", "FLy: 'specserve' (ours, on when fly_window is set) "
+                              "or 'published' (the authors' code: on by itself, fly_window its "
+                              "win_len, default 6, the threshold in nats)",
+                              choices=FLY_VARIANTS)
     structured_outputs: StructuredOutputsParams | None = option(
         None, "what the output must match: a JSON schema, any JSON object, a regex, a choice "
         "or text around JSON values (see `sampling/structured.py`)", cli=False)
@@ -189,25 +197,35 @@ class SamplingParams:
         if self.tv_entropy_top_k is not None:
             self._set("tv_entropy_top_k", require_int("tv_entropy_top_k", self.tv_entropy_top_k,
                                                       minimum=2, maximum=MAX_ENTROPY_TOP_K))
-        window, tau, top_k = check_fly("fly", self.fly_window if self.fly_window is not None
-                                       else 1, self.fly_entropy_threshold, self.fly_top_k)
-        if self.fly_window is not None:
-            self._set("fly_window", window)
+        window = self.fly_window
+        if window is None and self.fly_variant == "published":
+            window = PUBLISHED_FLY_WINDOW  # the published variant is on by itself
+        checked, tau, top_k, variant = check_fly("fly", 1 if window is None else window,
+                                                 self.fly_entropy_threshold, self.fly_top_k,
+                                                 self.fly_variant)
+        self._set("fly_window", None if window is None else checked)
         self._set("fly_entropy_threshold", tau)
         self._set("fly_top_k", top_k)
+        self._set("fly_variant", variant)
 
 
-def check_fly(prefix: str, window: object, entropy_threshold: object,
-              top_k: object) -> tuple[int, float, int]:
-    """FLy's settings, checked: window W >= 1, entropy threshold in [0, 1], top-k in [2,
-    MAX_ENTROPY_TOP_K] (the errors name `{prefix}_window`, `{prefix}_entropy_threshold`,
-    `{prefix}_top_k`)."""
+def check_fly(prefix: str, window: object, entropy_threshold: object, top_k: object,
+              variant: object = "specserve") -> tuple[int, float, int, str]:
+    """FLy's settings, checked: window >= 1, top-k in [2, MAX_ENTROPY_TOP_K], the variant one
+    of `FLY_VARIANTS`, the entropy threshold in [0, 1] ("specserve", normalized) or [0, log
+    top_k] ("published",
+    nats) (the errors name `{prefix}_window`, `{prefix}_entropy_threshold`, ...)."""
+    if variant not in FLY_VARIANTS:
+        raise ValueError(f"{prefix}_variant must be one of {list(FLY_VARIANTS)}, got {variant!r}")
     window = require_int(f"{prefix}_window", window, minimum=1)
     tau = require_real(f"{prefix}_entropy_threshold", entropy_threshold)
-    if not 0.0 <= tau <= 1.0:  # also rejects NaN
-        raise ValueError(f"{prefix}_entropy_threshold must be in [0, 1], got {entropy_threshold!r}")
     top_k = require_int(f"{prefix}_top_k", top_k, minimum=2, maximum=MAX_ENTROPY_TOP_K)
-    return window, tau, top_k
+    high = math.log(top_k) if variant == "published" else 1.0
+    if not 0.0 <= tau <= high:  # also rejects NaN
+        unit = f"log({top_k}) = {high:.4f} nats" if variant == "published" else "1"
+        raise ValueError(f"{prefix}_entropy_threshold must be in [0, {unit}], "
+                         f"got {entropy_threshold!r}")
+    return window, tau, top_k, variant
 
 
 def require_int(

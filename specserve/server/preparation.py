@@ -204,7 +204,8 @@ def _job(req: SamplingFields, ids: list[int], prompt_param: str, max_tokens: int
     return Job(ids, params, speculation_override(req, limits))
 
 
-LOSSY_FIELDS = ("tv_entropy_top_k", "fly_window", "fly_entropy_threshold", "fly_top_k")
+LOSSY_FIELDS = ("tv_entropy_top_k", "fly_window", "fly_entropy_threshold", "fly_top_k",
+                "fly_variant")
 
 
 def lossy_fields(req: SamplingFields) -> dict:

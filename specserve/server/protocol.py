@@ -8,7 +8,8 @@ plus vLLM's sampling extras (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos
   `{"enabled": bool, "num_speculative_tokens": k, "tv_budget": D}` sets a fixed draft length
   (`-1` lets the cost-aware policy choose) and the mentored-decoding budget; it may also ask
   for the entropy-aware budget (`tv_entropy_top_k`) or FLy (`fly_window`,
-  `fly_entropy_threshold`, `fly_top_k`), the `SamplingParams` fields of those names.
+  `fly_entropy_threshold`, `fly_top_k`, `fly_variant`), the `SamplingParams` fields of those
+  names.
 - `return_token_origins`: `true` adds `origins` (one of plain / accepted / recovered / bonus
   per token) to every choice and stream delta.
 
@@ -50,10 +51,14 @@ class SpeculativeOptions(_Body):
         None, description="spend the budget where the target is unsure: D_i = D * h_k(p_i)")
     fly_window: Annotated[int, Field(ge=1)] | None = Field(
         None, description="FLy verification: the later drafts that must pass (off when omitted)")
-    fly_entropy_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
-        None, description="FLy: the normalized top-k entropy at which a rejection may be deferred")
+    fly_entropy_threshold: Annotated[float, Field(ge=0.0)] | None = Field(
+        None, description="FLy: the top-k entropy at which a rejection may be deferred "
+        "(normalized, in [0, 1]; for the published variant in nats, in [0, log fly_top_k])")
     fly_top_k: Annotated[int, Field(ge=2, le=MAX_ENTROPY_TOP_K)] | None = Field(
         None, description="FLy: the k of its top-k entropy gate")
+    fly_variant: Literal["specserve", "published"] | None = Field(
+        None, description="FLy: 'specserve' (ours) or 'published' (the authors' code; on by "
+        "itself, fly_window its win_len, default 6)")
 
 
 class StreamOptions(_Body):

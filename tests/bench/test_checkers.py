@@ -106,7 +106,9 @@ def test_every_extraction_answer_is_accepted_and_a_changed_value_is_not():
 @pytest.mark.parametrize("reply, correct, reason", [
     ('{"name": "maria  lopez", "age": 34, "current_city": "PORTO"}', True, "ok"),
     ('Sure! {"name": "Maria Lopez", "age": 34.0, "current_city": "Porto"} Hope it helps', True, "ok"),
-    ('{"name": "Maria Lopez", "age": "34", "current_city": "Porto"}', False, "wrong age='34'"),
+    ('{"name": "Maria Lopez", "age": "34", "current_city": "Porto"}', True, "ok"),
+    ('{"name": "Maria Lopez", "age": "thirty-four", "current_city": "Porto"}', False,
+     "wrong age='thirty-four'"),
     ('{"name": "Maria Lopez", "age": 34, "current_city": "Valencia"}', False,
      "wrong current_city='Valencia'"),
     ('{"name": "Maria Lopez", "age": 34}', False, None),
@@ -125,6 +127,36 @@ def test_json_checker_keeps_bools_and_lists_strict():
     assert check_json('{"parking": false, "people": ["ken", "Sofia"]}', answer).correct
     assert not check_json('{"parking": 0, "people": ["Ken", "Sofia"]}', answer).correct
     assert not check_json('{"parking": false, "people": ["Sofia", "Ken"]}', answer).correct
+
+
+@pytest.mark.parametrize("value, correct", [
+    ('"4471"', True), ("4471", True), ("4471.0", True), ('" 4471 "', True),
+    ('"4472"', False), ('"#4471"', False), ('"4471a"', False), ("true", False)])
+def test_an_id_written_as_a_json_string_is_the_number(value, correct):
+    # the shipped run's target-only reply: "order_id": "4471" (a string), expected 4471
+    reply = f'{{"order_id": {value}, "quantity": 3, "unit_price": 2.50, "destination": "Leeds"}}'
+    answer = {"order_id": 4471, "quantity": 3, "unit_price": 2.5, "destination": "Leeds"}
+    assert check_json(reply, answer).correct is correct
+
+
+@pytest.mark.parametrize("value, correct", [
+    ('"14:30"', True), ("14.30", True), ('"14.30"', True), ('" 14:30 "', True),
+    ("14.3", False), ('"14:31"', False), ('"2:30"', False), ("1430", False), ('"14"', False)])
+def test_a_clock_time_compares_as_hours_and_minutes(value, correct):
+    # the shipped run's target-only reply: "time": 14.30 (a JSON number), expected "14:30"
+    reply = f'{{"day": "Thursday", "time": {value}, "room": "B2"}}'
+    verdict = check_json(reply, {"day": "Thursday", "time": "14:30", "room": "B2"})
+    assert verdict.correct is correct, verdict.reason
+
+
+def test_the_two_replies_the_review_found_are_now_right():
+    tasks = {t.id: t for t in TASKS}
+    order = '```json\n{\n  "order_id": "4471",\n  "quantity": 3,\n  "unit_price": 2.50,\n' \
+            '  "destination": "Leeds"\n}\n```'
+    meeting = '```json\n{\n  "day": "Thursday",\n  "time": 14.30,\n  "room": "B2"\n}\n```'
+    assert check(tasks["json-order"], order).correct
+    assert check(tasks["json-meeting"], meeting).correct
+    assert check_json('{"time": 14.3}', {"time": "14:30"}).reason == "wrong time=14.3"
 
 
 def test_prompts_carry_what_the_checkers_need():

@@ -1,6 +1,6 @@
 """The engine's dispatch to the lossy rules, end to end with bigram toy models: the
 entropy-aware budget follows its exact law (and D = 0 the lossless one), FLy with no room for
-its window is lossless, and FLy with room moves the law and keeps more drafts."""
+its window is lossless, and FLy with room moves the law and keeps more drafts (both variants)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,19 @@ def test_fly_with_room_moves_the_law_and_keeps_more_drafts():
     assert fly.tv_sum > 0  # its deferrals are reported as realised TV
 
 
+def test_published_fly_without_room_is_lossless_and_with_room_keeps_more_drafts():
+    # win_len = K: i + K < K never holds; win_len = 1 defers position 0 of K = 2 (gate at 0)
+    counts, _ = run(SAMPLES, 15, fly_variant="published", fly_window=K, fly_entropy_threshold=0.0)
+    assert chi_square_p(counts, lossless_law()) > ALPHA
+    counts, fly = run(SAMPLES, 16, fly_variant="published", fly_window=1,
+                      fly_entropy_threshold=0.0)
+    assert chi_square_p(counts, lossless_law()) < ALPHA
+    _, lossless = run(SAMPLES, 16)
+    assert fly.accepted / fly.drafted > lossless.accepted / lossless.drafted
+
+
 @pytest.mark.parametrize("lossy", [dict(fly_window=1, fly_entropy_threshold=0.0),
+                                   dict(fly_variant="published", fly_window=1),
                                    dict(tv_budget=0.5, tv_entropy_top_k=3)])
 def test_greedy_requests_with_a_lossy_rule_still_finish(lossy):
     engine = toy.toy_engine(P, Q, K)

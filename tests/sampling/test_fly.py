@@ -212,9 +212,9 @@ def test_walk_defers_only_with_a_whole_agreeing_window():
     from specserve.sampling.fly import _walk
 
     T, F = True, False
-    assert _walk([T, F, T, T, F], [F, T, F, F, T], 2) == (4, [1])  # the docstring's example
-    assert _walk([T, T, T], [F, F, F], 1) == (3, [])
-    assert _walk([F, T, F, T], [T, F, T, F], 1) == (4, [0, 2])
-    assert _walk([F, T, F, T], [F, F, T, F], 1) == (0, [])  # gate shut at 0
-    assert _walk([F, T], [T, F], 2) == (0, [])  # W = 2 does not fit after position 0 of 2
-    assert _walk([], [], 1) == (0, [])
+    assert _walk([T, F, T, T, F], [F, T, F, F, T], 2, 2) == (4, [1])  # the docstring's example
+    assert _walk([T, T, T], [F, F, F], 1, 1) == (3, [])
+    assert _walk([F, T, F, T], [T, F, T, F], 1, 1) == (4, [0, 2])
+    assert _walk([F, T, F, T], [F, F, T, F], 1, 1) == (0, [])  # gate shut at 0
+    assert _walk([F, T], [T, F], 2, 2) == (0, [])  # W = 2 does not fit after position 0 of 2
+    assert _walk([], [], 1, 1) == (0, [])

