@@ -9,8 +9,9 @@ A session is one of the shipped agent sessions (`specserve.bench.workloads`), re
 two timed sessions repeat (identifiers renamed per variant, so no prompt or answer recurs);
 each turn is a chat request with the session's four tools (`tools`, `tool_choice`), streamed,
 and the conversation carries the model's tool calls and a `tool` result message into the next
-turn, as an agent does. In a round every server runs `clients` sessions at once (each client
-its own variant), servers in rotated order; a warm-up round per server is not counted. Per
+turn, as an agent does (`tool_choice` "required" by default: the sessions ask for a call every
+turn). In a round every server runs `clients` sessions at once (each client its own variant,
+the same variants on every server), servers in rotated order; a warm-up round per server is not counted. Per
 server: end-to-end seconds of a round, TTFT per request, and the share of tool calls that
 parse and validate against the tool's schema. A server's speed-up is the median over rounds of
 the baseline server's round time over its own (`--baseline`, default the first).
@@ -87,13 +88,13 @@ def valid_call(call: dict) -> bool:
         isinstance(args[k], str) for k in keys)
 
 
-def turn(client: OpenAI, model: str, messages: list, max_tokens: int) -> dict:
+def turn(client: OpenAI, model: str, messages: list, max_tokens: int, choice: str) -> dict:
     """One streamed request: its tool calls (reassembled), content, TTFT and seconds."""
     start = time.perf_counter()
     first, calls, content = None, {}, ""
     stream = client.chat.completions.create(
-        model=model, messages=messages, tools=TOOLS, tool_choice="auto", temperature=0,
-        max_tokens=max_tokens, stream=True, seed=0)
+        model=model, messages=messages, tools=TOOLS, tool_choice=choice, temperature=0,
+        max_tokens=max_tokens, stream=True, seed=0, parallel_tool_calls=False)
     for chunk in stream:
         if not chunk.choices:
             continue
@@ -111,7 +112,7 @@ def turn(client: OpenAI, model: str, messages: list, max_tokens: int) -> dict:
             "calls": [calls[i] for i in sorted(calls)], "content": content}
 
 
-def session(port: int, model: str, name: str, index: int, max_tokens: int) -> dict:
+def session(port: int, model: str, name: str, index: int, max_tokens: int, choice: str) -> dict:
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
                     timeout=3600)
     spec = load_session(name)
@@ -119,7 +120,7 @@ def session(port: int, model: str, name: str, index: int, max_tokens: int) -> di
     out = {"seconds": 0.0, "ttft": [], "calls": 0, "valid": 0, "requests": 0}
     for user in spec.turns:
         messages.append({"role": "user", "content": variant(user, index)})
-        r = turn(client, model, messages, max_tokens)
+        r = turn(client, model, messages, max_tokens, choice)
         out["seconds"] += r["seconds"]
         out["ttft"].append(r["ttft"])
         out["requests"] += 1
@@ -138,12 +139,14 @@ def session(port: int, model: str, name: str, index: int, max_tokens: int) -> di
     return out
 
 
-def one_round(port: int, model: str, clients: int, first_index: int, max_tokens: int) -> dict:
+def one_round(port: int, model: str, clients: int, first_index: int, max_tokens: int,
+              choice: str) -> dict:
     results: list = [None] * clients
 
     def run(i: int) -> None:
         index = first_index + i
-        results[i] = session(port, model, SESSIONS[index % len(SESSIONS)], index, max_tokens)
+        results[i] = session(port, model, SESSIONS[index % len(SESSIONS)], index, max_tokens,
+                             choice)
 
     start = time.perf_counter()
     threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
@@ -165,19 +168,23 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--tool-choice", default="required", choices=("auto", "required"),
+                        help="required (default): every turn is a call, as the sessions ask")
+    parser.add_argument("--variant-offset", type=int, default=0,
+                        help="start this many variants in (servers that served an earlier run)")
     parser.add_argument("--baseline", help="the server the speed-ups are over (default: first)")
     parser.add_argument("--out", help="append every round's figures to this JSON-lines file")
     args = parser.parse_args()
     ports = [int(p) for p in args.ports.split(",")]
     names = args.names.split(",") if args.names else [str(p) for p in ports]
     rows = {n: [] for n in names}
-    index = 1  # variant 0 (the shipped text) is never timed: a test may have seen it
     for r in range(args.rounds + 1):
         order = list(range(len(ports)))
         order = order[r % len(order):] + order[:r % len(order)]
-        for i in order:
-            res = one_round(ports[i], args.model, args.clients, index, args.max_tokens)
-            index += args.clients
+        index = 1 + args.variant_offset + r * args.clients  # every server gets the round's variants (0: the shipped
+        for i in order:  # text, never timed); no server sees a variant twice
+            res = one_round(ports[i], args.model, args.clients, index, args.max_tokens,
+                            args.tool_choice)
             res.update(server=names[i], round=r, clients=args.clients, warmup=r == 0)
             print(json.dumps(res), flush=True)
             if args.out:

@@ -42,6 +42,32 @@ def request_tokens(args, index: int) -> int:
     return max(1, round(args.max_tokens * (0.5 + random.Random(index).random())))
 
 
+def temperature_of(args, index: int) -> float:
+    """The temperature of the pool's prompt `index` (see --temperatures)."""
+    if not args.temperatures:
+        return args.temperature
+    temps = [float(t) for t in args.temperatures.split(",")]
+    return temps[index % len(temps)]
+
+
+def by_class(rounds: dict, ports: list[int], labels: list[str]) -> dict:
+    """Per class of prompt (name and temperature): each server's median end-to-end seconds
+    and the median over its prompts of the reference's seconds over its own (the same prompts
+    on every server, paired by position in the round)."""
+    out: dict = {}
+    ref = rounds[ports[0]]
+    for label, port in zip(labels, ports):
+        for x, y in zip(rounds[port], ref):
+            for cls, q, base in zip(x["prompts"], x["requests"], y["requests"]):
+                cell = out.setdefault(cls, {}).setdefault(label, {"e2e": [], "ratio": []})
+                cell["e2e"].append(q["e2e_s"])
+                cell["ratio"].append(base["e2e_s"] / q["e2e_s"])
+    return {cls: {label: {"e2e_s_median": round(statistics.median(c["e2e"]), 2),
+                          f"speedup_over_{labels[0]}": round(statistics.median(c["ratio"]), 3),
+                          "n": len(c["e2e"])} for label, c in cells.items()}
+            for cls, cells in out.items()}
+
+
 def prompt_pool(which: str) -> list[tuple[str, str]]:
     """(name, text) prompts: the shipped workloads (their names, comma-separated), or one of
     `request_pool.POOLS` (distinct texts, see `distinct_pool`)."""
@@ -55,9 +81,9 @@ def stream(port: int, request: tuple[str, int], args, api_key: str | None,
     """One streamed chat completion of `request` (text, max_tokens): output tokens, TTFT and
     end-to-end seconds; with `arrivals`, each content chunk's (arrival time, tokens) is appended
     to it (the tokens from the chunk's `origins` where the server gives them, else 1)."""
-    text, max_tokens = request
+    text, max_tokens, temperature = request
     body = {"model": args.model, "messages": [{"role": "user", "content": text}],
-            "max_tokens": max_tokens, "temperature": args.temperature, "seed": 0,
+            "max_tokens": max_tokens, "temperature": temperature, "seed": 0,
             "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     if arrivals is not None:
         body["return_token_origins"] = True
@@ -187,6 +213,11 @@ def main(argv: list[str] | None = None) -> None:
                         "requests of a server that does not speculate run in lockstep, finish "
                         "together and prefill their successors together, as real traffic does not")
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperatures", default=None,
+                   help="comma-separated temperatures given to the prompts in turn (fixed per "
+                        "prompt, the same for every server; default: --temperature for all); "
+                        "the report then gives each class of prompt and temperature its own "
+                        "end-to-end ratio")
     p.add_argument("--model", default="qwen2.5-coder-1.5b")
     p.add_argument("--api-keys", default="", help="a key per port, comma-separated (empty: none)")
     p.add_argument("--prompts", default=",".join(PROMPTS),
@@ -226,11 +257,13 @@ def main(argv: list[str] | None = None) -> None:
         for side in order:
             at = args.offset + r * per_round if distinct else r  # mixed, stories: never repeated
             batch = [(f"[{time.time_ns()}-{i}] " + texts[(at + i) % len(texts)],
-                      request_tokens(args, (at + i) % len(texts))) for i in range(per_round)]
+                      request_tokens(args, (at + i) % len(texts)), temperature_of(args, at + i))
+                     for i in range(per_round)]
             run = run_window if args.duration else run_round
             res = run(side, batch, args, keys[ports.index(side)] or None, args.clients)
-            res["round"], res["prompts"] = r, [names[(at + i) % len(names)]
-                                               for i in range(per_round)]
+            res["round"], res["prompts"] = r, [
+                f"{names[(at + i) % len(names)]}@T{temperature_of(args, at + i):g}"
+                for i in range(per_round)]
             if r:
                 rounds[side].append(res)
             print(f"round {r} {labels[ports.index(side)]}: {res['tokens_per_s']:.2f} tok/s, "
@@ -251,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
                                               for q in x["requests"]),
             f"vs_{labels[0]}_per_round": [round(x, 3) for x in ratios],
             f"vs_{labels[0]}": statistics.median(ratios)}
+    if not args.duration:
+        summary["classes"] = by_class(rounds, ports, labels)
     print(json.dumps(summary, indent=1))
     if args.out:
         with open(args.out, "w") as f:
