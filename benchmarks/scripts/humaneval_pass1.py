@@ -16,9 +16,7 @@ from pathlib import Path
 
 from specserve.bench.checkers import check
 from specserve.bench.humaneval import chat_ids, load_humaneval
-from specserve.llm import LLM
-from specserve.sampling.params import SamplingParams
-from specserve.weights.loader import load_model
+from specserve import LLM, SamplingParams
 
 
 def main() -> None:
@@ -34,13 +32,12 @@ def main() -> None:
     if args.out.exists():
         done = {json.loads(line)["task_id"] for line in args.out.read_text().splitlines()}
     tasks = [t for t in load_humaneval(args.limit) if t.id not in done]
-    target = load_model(args.model)
-    llm = LLM(target, speculative_config=None, max_num_seqs=1, max_model_len=2048)
+    llm = LLM(args.model, speculative_config=None, max_num_seqs=1, max_model_len=2048)
     start = time.perf_counter()
     for task in tasks:
         if args.minutes is not None and time.perf_counter() - start > 60 * args.minutes:
             break
-        ids = chat_ids(target.tokenizer, task.prompt, task.response_prefix)
+        ids = chat_ids(llm.tokenizer, task.prompt, task.response_prefix)
         params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, stop=task.stop)
         out = llm.generate(ids, params)[0].outputs[0]
         verdict = check(task, out.text)

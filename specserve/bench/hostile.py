@@ -51,6 +51,15 @@ def _read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, bool
     return data, False
 
 
+def _status_line(sock: socket.socket, timeout: float) -> bytes:
+    """The first bytes of the answer (its status line), or b"" if none came within `timeout`."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(len(b"HTTP/1.1 200"))
+    except (TimeoutError, ConnectionResetError):
+        return b""
+
+
 def stalled_stream(url: str, api_key: str | None, model: str, prompt: str, max_tokens: int,
                    hold_s: float) -> str:
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
@@ -60,10 +69,14 @@ def stalled_stream(url: str, api_key: str | None, model: str, prompt: str, max_t
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_WINDOW)
         sock.connect(address(url))
         sock.sendall(_head("POST", "/v1/chat/completions", api_key, len(body)) + body)
-        time.sleep(hold_s)
+        start = time.monotonic()
+        head = _status_line(sock, hold_s)
+        if head.startswith(b"HTTP/1.1 429"):  # refused at once: try again soon, not after hold_s
+            time.sleep(0.2)
+            return "refused"
+        time.sleep(max(0.0, hold_s - (time.monotonic() - start)))
         data, closed = _read_until_closed(sock, timeout=10)
-    if data.startswith(b"HTTP/1.1 429"):
-        return "refused"
+        data = head + data
     if not data.startswith(b"HTTP/1.1 200"):
         return "error"
     if b"data: [DONE]" in data:
