@@ -85,6 +85,12 @@ SMOLLM = find_source("smollm2-135m")
 PERMISSION_OVERRIDES = "-dac_override,-dac_read_search"
 
 
+def _deliver_sigint() -> None:
+    """In the child: SIGINT handled by default and not blocked (a runner may pass down both)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
 def run_cli(*args: str, cache: Path | None = None, code: str | None = None,
             honour_permissions: bool = False, stdin=subprocess.DEVNULL, wait: bool = True,
             env: dict[str, str] | None = None, module: str = "specserve.cli"):
@@ -102,7 +108,7 @@ def run_cli(*args: str, cache: Path | None = None, code: str | None = None,
     # SIGINT down ignored, and Python then keeps it ignored
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdin=stdin, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=_deliver_sigint)
     if wait:
         proc.out, proc.err = proc.communicate(timeout=300)
     return proc

@@ -63,8 +63,8 @@ def _status_line(sock: socket.socket, timeout: float) -> bytes:
 def stalled_stream(url: str, api_key: str | None, model: str, prompt: str, max_tokens: int,
                    hold_s: float) -> str:
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": prompt}],
-                       "max_tokens": max_tokens, "logprobs": True, "top_logprobs": 20,
-                       "stream": True}).encode()
+                       "max_tokens": max_tokens, "ignore_eos": True, "logprobs": True,
+                       "top_logprobs": 20, "stream": True}).encode()
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_WINDOW)
         sock.connect(address(url))
