@@ -7,14 +7,20 @@ a real server would have seen, not from the same answer served again.
 Pools (`distinct_pool`): "mixed", one open-text request to three tasks while the tasks last,
 then the other open-text requests; "mixed-even", the same texts with the tasks spread evenly
 through the whole list (about one in five: any stretch of it holds about the same mix);
-"stories", the open-text requests alone.
+"stories", the open-text requests alone; "long", requests about ~900 tokens of code each (a
+stretch of a Python standard-library module, every stretch a different one), four kinds in
+turn: a code edit (add type hints, change nothing else), an explanation, a review and a
+documentation page (`long_requests`).
 """
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 from specserve.bench.tasks import load_tasks
 
-POOLS = ("mixed", "mixed-even", "stories")
+POOLS = ("mixed", "mixed-even", "stories", "long")
 TASK_KINDS = ("code_edit", "arithmetic", "extraction")
 
 # the first 48 open-text requests (the earlier, shorter pool) come first, so an offset into
@@ -44,10 +50,50 @@ def stories() -> list[tuple[str, str]]:
                   for topic in STORY_TOPICS + MORE_TOPICS]
 
 
+LONG_MODULES = ("argparse", "textwrap", "shlex", "fnmatch", "glob", "heapq", "bisect",
+                "colorsys", "csv", "difflib", "dataclasses", "enum", "functools", "getopt",
+                "gettext", "gzip", "hmac", "ipaddress", "json.decoder", "json.encoder",
+                "mimetypes", "netrc", "numbers", "operator", "optparse", "pprint", "queue",
+                "quopri", "random", "sched", "secrets", "selectors", "shutil", "statistics",
+                "string", "tabnanny", "tempfile", "timeit", "tokenize", "traceback", "uuid",
+                "zipapp", "calendar", "configparser", "contextlib", "copy", "fractions")
+LONG_CHARS = 3000  # a stretch's characters (about 900 tokens of Python)
+LONG_KINDS = {
+    "code_edit": "Rewrite this code with type hints added to every function signature, "
+                 "changing nothing else. Answer with the code only.",
+    "explain": "Explain in plain English what this code does and why, for a new team member.",
+    "review": "Review this code as a senior engineer would: list concrete problems and "
+              "suggest improvements.",
+    "docs": "Write a documentation page for the functions and classes in this code, with a "
+            "short usage example for each.",
+}
+
+
+def long_requests() -> list[tuple[str, str]]:
+    """(kind, text) requests over stretches of about `LONG_CHARS` characters (cut at line
+    ends) of the `LONG_MODULES` sources of the running Python, the kinds in turn."""
+    out = []
+    for name in LONG_MODULES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        lines, chunk = Path(spec.origin).read_text(encoding="utf-8").splitlines(True), ""
+        for line in lines:
+            chunk += line
+            if len(chunk) >= LONG_CHARS:
+                kind = list(LONG_KINDS)[len(out) % len(LONG_KINDS)]
+                out.append((kind, f"Here is part of Python's `{name}` module:\n\n```python\n"
+                                  f"{chunk}```\n\n{LONG_KINDS[kind]}"))
+                chunk = ""
+    return out
+
+
 def distinct_pool(which: str) -> list[tuple[str, str]]:
     """(kind, text) for every request of pool `which` (one of `POOLS`), in order."""
     if which not in POOLS:
         raise ValueError(f"pool must be one of {list(POOLS)}, got {which!r}")
+    if which == "long":
+        return long_requests()
     open_text = stories()
     if which == "stories":
         return open_text

@@ -32,3 +32,10 @@ def test_stories_hold_no_task_and_a_bad_name_is_refused():
     assert {kind for kind, _ in distinct_pool("stories")} == {"story"}
     with pytest.raises(ValueError, match="pool must be one of"):
         distinct_pool("mixd")
+
+
+def test_long_requests_are_long_distinct_and_take_the_kinds_in_turn():
+    pool = distinct_pool("long")
+    kinds = [kind for kind, _ in pool]
+    assert kinds[:8] == ["code_edit", "explain", "review", "docs"] * 2
+    assert min(len(text) for _, text in pool) >= 3000

@@ -542,3 +542,39 @@ def test_a_downward_probe_waits_for_a_size_not_seen_lately():
     assert 1 <= sum(8 - ks[0] for ks in later) == ctrl.probes_down - SEEN_LATELY <= 5
     assert ctrl.cost.pass_time(8) == pytest.approx(MEMORY_BOUND[7], rel=0.02)
     assert ctrl.cost.pass_time(9) == pytest.approx(MEMORY_BOUND[8], rel=0.02)
+
+
+ROWS_30 = {k: 0.050 + 0.015 * k for k in range(64)}  # a row: 30% of a decode step
+
+
+@pytest.mark.parametrize(("verify", "candidate", "ks_by_batch"), [
+    (MEMORY_BOUND, long_match(), {1: 16, 4: 11, 8: 8}),  # the budget shares the rows evenly
+    (MODERATE, long_match(), {1: 9, 4: 5, 8: 3}),
+    (ROWS_30, long_match(8), {1: 5, 4: 2, 8: 0}),  # at eight, no row pays any more
+    (MEMORY_BOUND, weak_match(), {1: 1, 4: 0, 8: 0}),
+    (COMPUTE_BOUND, long_match(), {1: 0, 4: 0, 8: 0}),
+    (MEMORY_BOUND, Candidate([], [], 0), {1: 0, 4: 0, 8: 0}),
+])
+def test_identical_requests_arriving_together_get_the_same_drafts(verify, candidate, ks_by_batch):
+    """Identical requests sent at once (the same prompt, the same candidates): each gets the
+    same k, none is starved by the budget, and the k shrinks as the batch makes rows dear."""
+    for batch, k in ks_by_batch.items():
+        ks = plan(controller(verify, {i: candidate for i in range(batch)}),
+                  [Seq(i) for i in range(batch)])
+        assert ks == [k] * batch, (batch, ks)
+
+
+def test_identical_requests_whose_drafts_all_fail_stop_drafting_together():
+    """Four identical requests whose drafts are always rejected (creative text at T = 0.7
+    against a cache of earlier outputs) learn it from their own rounds alike: all draft less
+    round by round, then stop and back off, and none keeps paying for rows that never survive."""
+    match = Candidate([5, 6, 7, 8], [1.0] * 4, 2)
+    ctrl = controller(MEMORY_BOUND, {i: match for i in range(4)})
+    seqs = [Seq(i) for i in range(4)]
+    for seq in seqs:
+        ctrl.join([seq])
+    history = run_rounds(ctrl, seqs, lambda seq, k: 0, 24)
+    assert all(len(set(ks)) == 1 for ks in history), history  # alike in every round
+    assert history[0][0] == 2 and all(ks[0] == 0 for ks in history[2:]), history
+    assert all(ctrl.state(s).reason == "backed_off" and ctrl.state(s).fit.factor() < 1.0
+               for s in seqs)
