@@ -11,7 +11,6 @@ from collections import Counter
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specserve.llm import LLM
 from specserve.models.transformer import ForwardBatch
@@ -19,11 +18,11 @@ from specserve.sampling.params import SamplingParams
 from specserve.weights.loader import load_model
 from tests import hybrid_tiny, tiny
 from tests.engine.test_hybrid_speculation import perturbed
+from tests.law import chi_square_p, enumerate_law
 
 PROMPT = [5, 17, 33, 8]
 N_TOKENS, K, SAMPLES, TOP_K, TEMPERATURE = 3, 2, 3000, 3, 0.7
 ALPHA = 1e-3
-MIN_EXPECTED = 5  # cells expected fewer samples than this are pooled into one
 
 
 @pytest.fixture(scope="module")
@@ -47,26 +46,8 @@ def next_token_law(model, ids: list[int]) -> dict[int, float]:
 
 
 def exact_law(model) -> dict[tuple[int, ...], float]:
-    law = {(): 1.0}
-    for _ in range(N_TOKENS):
-        law = {seq + (t,): p * q for seq, p in law.items()
-               for t, q in next_token_law(model, PROMPT + list(seq)).items()}
-    assert abs(sum(law.values()) - 1) < 1e-9
-    return law
-
-
-def chi_square_p(counts: Counter, law: dict) -> float:
-    """χ² p-value of `counts` against `law` (a continuation outside the law counts as a
-    pooled cell of expectation zero: p = 0)."""
-    if sum(counts[s] for s in law) != SAMPLES:
-        return 0.0
-    cells = sorted(law, key=law.get, reverse=True)
-    big = [s for s in cells if law[s] * SAMPLES >= MIN_EXPECTED]
-    rest = [s for s in cells if law[s] * SAMPLES < MIN_EXPECTED]
-    observed = [counts[s] for s in big] + ([sum(counts[s] for s in rest)] if rest else [])
-    expected = [law[s] * SAMPLES for s in big] + ([sum(law[s] for s in rest) * SAMPLES]
-                                                  if rest else [])
-    return chisquare(observed, expected).pvalue
+    """Every continuation of N_TOKENS tokens with its probability (1 + 3 + 9 passes)."""
+    return enumerate_law(lambda ids: next_token_law(model, ids), PROMPT, N_TOKENS)
 
 
 def test_speculative_samples_follow_the_enumerated_law_of_the_target(pair):

@@ -11,18 +11,17 @@ from collections import Counter
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specserve.llm import LLM
 from specserve.sampling import rejection
 from specserve.sampling.params import SamplingParams
 from tests import tiny
 from tests.slots import new_cache as slot_cache
+from tests.law import chi_square_p, enumerate_law
 
 PROMPT = [5, 17, 33, 8]
 N_TOKENS, K, SAMPLES, TOP_K, TEMPERATURE = 3, 2, 4000, 3, 0.7
 ALPHA = 1e-3
-MIN_EXPECTED = 5  # cells expected fewer samples than this are pooled into one
 
 
 def next_token_law(model, ids: list[int]) -> dict[int, float]:
@@ -38,12 +37,7 @@ def next_token_law(model, ids: list[int]) -> dict[int, float]:
 
 def exact_law(model) -> dict[tuple[int, ...], float]:
     """Every continuation of N_TOKENS tokens with its probability (1 + 3 + 9 passes)."""
-    law = {(): 1.0}
-    for _ in range(N_TOKENS):
-        law = {seq + (t,): p * q for seq, p in law.items()
-               for t, q in next_token_law(model, PROMPT + list(seq)).items()}
-    assert abs(sum(law.values()) - 1) < 1e-9
-    return law
+    return enumerate_law(lambda ids: next_token_law(model, ids), PROMPT, N_TOKENS)
 
 
 def sample(target, draft, seed: int) -> tuple[Counter, dict]:
@@ -53,16 +47,6 @@ def sample(target, draft, seed: int) -> tuple[Counter, dict]:
                             max_tokens=N_TOKENS, ignore_eos=True)
     (out,) = llm.generate(PROMPT, params)
     return Counter(tuple(c.token_ids) for c in out.outputs), llm.metrics()
-
-
-def chi_square_p(counts: Counter, law: dict) -> float:
-    assert sum(counts[s] for s in law) == SAMPLES, "a continuation of zero probability came out"
-    cells = sorted(law, key=law.get, reverse=True)
-    big = [s for s in cells if law[s] * SAMPLES >= MIN_EXPECTED]
-    rest = [s for s in cells if law[s] * SAMPLES < MIN_EXPECTED]
-    observed = [counts[s] for s in big] + ([sum(counts[s] for s in rest)] if rest else [])
-    expected = [law[s] * SAMPLES for s in big] + ([sum(law[s] for s in rest) * SAMPLES] if rest else [])
-    return chisquare(observed, expected).pvalue
 
 
 @pytest.fixture(scope="module")

@@ -64,7 +64,13 @@ def start_server(model_dir: Path, log_path: Path, *extra: str, startup_s: float 
            "--weights", "bf16", "--port", str(port), "--api-key", KEY,
            "--max-model-len", str(MAX_MODEL_LEN), "--max-request-bytes", str(MAX_REQUEST_BYTES),
            "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), "--no-access-log", *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return launch(cmd, port, log_path, startup_s, threads=1)
+
+
+def launch(cmd: list[str], port: int, log_path: Path, startup_s: float,
+           threads: int) -> ServerProcess:
+    """Run the server command `cmd` (listening on `port`) and wait until /health answers."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would block the server
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                    cwd=Path(__file__).resolve().parents[2])
