@@ -27,7 +27,8 @@ IDLE_WORDS = {"no_match": "with no earlier text to continue", "did_not_pay":
               "where drafting did not pay (expected gain below cost)",
               "batch_limit": "at the batch limit", "draft_starting": "while the draft started",
               "no_room": "with no room left", "off": "with speculation off",
-              "backed_off": "between looks at text that rarely repeated"}
+              "backed_off": "between looks at text that rarely repeated",
+              "probe": "on plain steps that keep the price of drafting right"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,7 @@ class SpeculativeStats(_Out):
     idle_rounds: dict[str, int] = Field(
         default_factory=dict, description="rounds that drafted nothing, by reason: off, no_room, "
                                           "no_match, did_not_pay, batch_limit, draft_starting, "
-                                          "backed_off")
+                                          "backed_off, probe")
 
 
 class ModelCard(_Out):

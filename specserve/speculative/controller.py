@@ -48,7 +48,7 @@ PROBE_EVERY = 64  # steps whose budget left a lookup slot out, per probe of one 
 PROBE_DOWN_EVERY = 16  # steps whose budget took a slot, per probe of one row fewer ...
 SEEN_LATELY = 4.0  # ... of a pass size the cost model has seen less than this lately
 IDLE_REASONS = ("off", "no_room", "no_match", "did_not_pay", "batch_limit", "draft_starting",
-                "backed_off")
+                "backed_off", "probe")
 
 
 @dataclass(slots=True)
@@ -100,6 +100,7 @@ class SpeculationController:
         self._took = 0  # steps since the last downward probe whose budget took a slot
         self.probes = 0  # probes taken
         self.probes_down = 0  # ... and downward probes
+        self._plain_probe = False  # this step's plan is a plain probe
         self._draft_prefilled = False  # the draft model prefilled in this step's propose
 
     @property
@@ -208,12 +209,13 @@ class SpeculationController:
                 offer = self._offer(seq, st)
             st.reason = offer.reason
             offers.append(offer)
+        self._plain_probe = False
         ks = self._within_budget(offers, len(seqs), max_rows)
         for seq, offer, k in zip(seqs, offers, ks):
             st = seq.spec
             st.source = offer.source if k else None
             if not k and offer.source is not None:
-                st.reason = "did_not_pay"
+                st.reason = "probe" if self._plain_probe else "did_not_pay"
             self._back_off(seq, st, k, len(seqs))
         return {seq.seq_id: k for seq, k in zip(seqs, ks)}
 
@@ -373,9 +375,11 @@ class SpeculationController:
     def _probe(self, offers: list[Offer], chosen: list[int], slots: list, batch: int
                ) -> list[int]:
         """`chosen`, plus one more lookup slot once every `probe_every` steps that left one
-        out: the likeliest slot next in line for its sequence; or less the least likely
-        slot taken, once every `probe_down_every` steps that took one, where a pass that
-        much smaller was not timed lately (see the module doc, step 3)."""
+        out: the likeliest slot next in line for its sequence; or, once every
+        `probe_down_every` steps that took one, less: in a batch whose plain pass was not
+        timed lately, every slot not forced (the plain pass); else the least likely slot
+        taken, where a pass that much smaller was not timed lately (see the module doc,
+        step 3)."""
         left_out = [(neg_s, i) for neg_s, pos, i in slots
                     if pos == chosen[i] and offers[i].source == LOOKUP]
         if left_out or any(o.reason == "backed_off" for o in offers):  # (left out unlooked)
@@ -389,12 +393,21 @@ class SpeculationController:
         taken = [(neg_s, i) for neg_s, pos, i in slots if pos == chosen[i] - 1]
         if taken:
             self._took += 1
-            if (self._took >= self.probe_down_every
-                    and self.cost.seen(batch + sum(chosen) - 1) < SEEN_LATELY):
-                self._took = 0
-                self.probes_down += 1
-                chosen = list(chosen)
-                chosen[max(taken)[1]] -= 1
+            if self._took >= self.probe_down_every:
+                forced = [len(o.survival) if o.forced else 0 for o in offers]
+                plain = batch + sum(forced)
+                if batch > 1 and self.cost.seen(plain) < SEEN_LATELY:
+                    # the pass every choice is priced against: in a batch, rows cost what
+                    # their contexts make them cost, and drafting steps show larger passes
+                    self._took = 0
+                    self.probes_down += 1
+                    self._plain_probe = True
+                    return forced
+                if self.cost.seen(batch + sum(chosen) - 1) < SEEN_LATELY:
+                    self._took = 0
+                    self.probes_down += 1
+                    chosen = list(chosen)
+                    chosen[max(taken)[1]] -= 1
         return chosen
 
     def _step_seconds(self, offers: list[Offer], counts: list[int], batch: int) -> float:

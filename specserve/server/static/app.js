@@ -292,7 +292,8 @@
         batch_limit: "the batch had reached disable_by_batch_size",
         draft_starting: "the draft model was still being started",
         no_room: "no room was left for drafts", off: "speculation was off for this request",
-        backed_off: "its text rarely repeated, so the lookup looked only every few rounds"};
+        backed_off: "its text rarely repeated, so the lookup looked only every few rounds",
+        probe: "a plain step timed now and then, to keep the price of drafting right"};
       const idle = s && s.idle_rounds ? Object.entries(s.idle_rounds) : [];
       const said = idle.map(([k, n]) => `${reasons[k] || k} (${n} round${n === 1 ? "" : "s"})`);
       const sources = s && s.by_source ? Object.entries(s.by_source).map(([name, v]) =>
