@@ -21,11 +21,14 @@ def enumerate_law(next_law: Callable[[list[int]], dict[int, float]], prompt: lis
     return law
 
 
-def chi_square_p(counts: Counter, law: dict, min_expected: float = 5) -> float:
+def chi_square_p(counts: Counter, law: dict, min_expected: float = 5,
+                 strict: bool = False) -> float:
     """χ² p-value of `counts` against `law`, cells expected fewer than `min_expected` samples
-    pooled into one; 0 when a sample falls outside the law."""
+    pooled into one; 0 when a sample falls outside the law (`strict`: an assertion error)."""
     samples = sum(counts.values())
-    if sum(counts[s] for s in law) != samples:
+    inside = sum(counts[s] for s in law)
+    assert not strict or inside == samples, "a continuation of zero probability came out"
+    if inside != samples:
         return 0.0
     cells = sorted(law, key=law.get, reverse=True)
     big = [s for s in cells if law[s] * samples >= min_expected]
