@@ -72,7 +72,7 @@ LONG_KINDS = {
 def long_requests() -> list[tuple[str, str]]:
     """(kind, text) requests over stretches of about `LONG_CHARS` characters (cut at line
     ends) of the `LONG_MODULES` sources of the running Python, the kinds in turn."""
-    out = []
+    out, kinds = [], list(LONG_KINDS)
     for name in LONG_MODULES:
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.origin or not spec.origin.endswith(".py"):
@@ -81,7 +81,7 @@ def long_requests() -> list[tuple[str, str]]:
         for line in lines:
             chunk += line
             if len(chunk) >= LONG_CHARS:
-                kind = list(LONG_KINDS)[len(out) % len(LONG_KINDS)]
+                kind = kinds[len(out) % len(kinds)]
                 out.append((kind, f"Here is part of Python's `{name}` module:\n\n```python\n"
                                   f"{chunk}```\n\n{LONG_KINDS[kind]}"))
                 chunk = ""

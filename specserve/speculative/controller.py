@@ -341,7 +341,8 @@ class SpeculationController:
         the prefix of the slots by survival with the most expected tokens per second, kept
         only if what it adds (tokens over seconds) beats the rate without it by the margin;
         and no more than `max_rows` slots of the budget's."""
-        counts = [len(o.survival) if o.forced else 0 for o in offers]
+        forced = [len(o.survival) if o.forced else 0 for o in offers]  # taken whatever it costs
+        counts = list(forced)
         gains = [1.0 + (sum(o.survival) if o.forced else 0.0) for o in offers]  # E per sequence
         value = sum(gains)
         slots = sorted((-s, pos, i) for i, o in enumerate(offers) if not o.forced
@@ -370,14 +371,14 @@ class SpeculationController:
             if (rate > best_rate and fair
                     and added > (1.0 + DEFAULT_MARGIN) * base_value / base_time):
                 best_rate, chosen = rate, list(counts)
-        return self._probe(offers, chosen, slots, batch)
+        return self._probe(offers, forced, chosen, slots, batch)
 
-    def _probe(self, offers: list[Offer], chosen: list[int], slots: list, batch: int
-               ) -> list[int]:
+    def _probe(self, offers: list[Offer], forced: list[int], chosen: list[int], slots: list,
+               batch: int) -> list[int]:
         """`chosen`, plus one more lookup slot once every `probe_every` steps that left one
         out: the likeliest slot next in line for its sequence; or, once every
         `probe_down_every` steps that took one, less: in a batch whose plain pass was not
-        timed lately, every slot not forced (the plain pass); else the least likely slot
+        timed lately, every slot not `forced` (the plain pass); else the least likely slot
         taken, where a pass that much smaller was not timed lately (see the module doc,
         step 3)."""
         left_out = [(neg_s, i) for neg_s, pos, i in slots
@@ -394,15 +395,13 @@ class SpeculationController:
         if taken:
             self._took += 1
             if self._took >= self.probe_down_every:
-                forced = [len(o.survival) if o.forced else 0 for o in offers]
-                plain = batch + sum(forced)
-                if batch > 1 and self.cost.seen(plain) < SEEN_LATELY:
+                if batch > 1 and self.cost.seen(batch + sum(forced)) < SEEN_LATELY:
                     # the pass every choice is priced against: in a batch, rows cost what
                     # their contexts make them cost, and drafting steps show larger passes
                     self._took = 0
                     self.probes_down += 1
                     self._plain_probe = True
-                    return forced
+                    return list(forced)
                 if self.cost.seen(batch + sum(chosen) - 1) < SEEN_LATELY:
                     self._took = 0
                     self.probes_down += 1
