@@ -154,10 +154,7 @@ def write_gguf(model, kind: str, path: Path, mtp: dict[str, torch.Tensor] | None
         writer.add_tensor("rope_freqs.weight", _gemma4_rope_freqs(cfg).numpy())
     if extra is not None:
         extra(writer)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    tiny.finish_gguf(writer)
     return path
 
 

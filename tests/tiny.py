@@ -226,13 +226,18 @@ def write_gguf_pair(hf_model, arch: str, types: dict[str, object], path: Path, h
         writer.add_tensor("rope_freqs.weight", llama3_rope_freqs(cfg), raw_dtype=T.F32)
     if extra is not None:
         extra(writer)
+    finish_gguf(writer)
+    hf_model.load_state_dict(new_state)
+    save_hf_dir(hf_model, hf_path)
+    return path, hf_path
+
+
+def finish_gguf(writer) -> None:
+    """Write a `gguf.GGUFWriter`'s header, metadata and tensors, and close it."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    hf_model.load_state_dict(new_state)
-    save_hf_dir(hf_model, hf_path)
-    return path, hf_path
 
 
 def _add_hparams(writer, cfg, arch: str) -> None:

@@ -53,12 +53,12 @@ def test_a_kernel_folder_others_may_write_is_refused(tmp_path, source):
 
 
 def test_a_library_under_a_group_writable_folder_above_is_not_built_nor_loaded(tmp_path, source):
-    above = tmp_path / "shared"
+    above = tmp_path / "common"
     out = above / "cache" / "kernels"
     built = kernels.build(source, out, FLAGS)  # trusted while nothing above is loose
     assert kernels.load_library(built).one() == 1
     os.chmod(above, 0o775)  # a group member could now swap "cache" for a folder of theirs
-    with pytest.raises(RuntimeError, match=r"shared \(above it\) is writable by others"):
+    with pytest.raises(RuntimeError, match=r"common \(above it\) is writable by others"):
         kernels.build(source, out, FLAGS)
     os.chmod(above, 0o1777)  # sticky, as /tmp: others cannot rename what is not theirs
     assert kernels.build(source, out, FLAGS) == built

@@ -18,6 +18,7 @@ from gguf.quants import quantize
 from specserve.weights.gguf_file import LAZY_STRINGS, GGUFFile, GGUFTensor, StringArray
 from specserve.weights.gguf_loader import open_gguf, read_metadata
 from tests.conftest import real_model_path
+from tests.tiny import finish_gguf
 
 Q, V = GGMLQuantizationType, GGUFValueType
 F32_TENTH = float(np.float32(0.1))
@@ -105,10 +106,7 @@ def write_tiny(path: Path, alignment: int | None = None) -> dict[str, np.ndarray
     for name, array in tensors.items():
         writer.add_tensor(name, array)
     writer.add_tensor("rows.q8_0", q8, raw_dtype=Q.Q8_0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish_gguf(writer)
     return {name: array.view(np.uint8).reshape(-1) for name, array in {**tensors, "rows.q8_0": q8}.items()}
 
 

@@ -87,10 +87,7 @@ def test_unsupported_architecture_is_refused_by_name(tmp_path):
 
     w = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "mamba")
     w.add_block_count(1)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    tiny.finish_gguf(w)
     with pytest.raises(ValueError, match="mamba"):
         load_model(tmp_path / "x.gguf", "float32")
 
