@@ -7,7 +7,13 @@ Exactly one constraint per request:
 - `regex`: the whole output matches the regular expression;
 - `choice`: the output is exactly one of the strings;
 - `structural`: text around JSON values (`Structural`), what a tool call in a model's
-  native format is (e.g. `<tool_call>\\n{...}\\n</tool_call>`).
+  native format is (e.g. `<tool_call>\\n{...}\\n</tool_call>`);
+- `grammar`: a Lark grammar in llguidance's dialect (vLLM's `grammar`), e.g. the tool-call
+  grammars the server builds (`server/tool_calls/call_grammar.py`).
+
+JSON Schemas are closed: an object schema that does not set `additionalProperties` (nor
+`patternProperties`) takes no properties beyond its own, strict or not (as xgrammar's default
+and llama.cpp's converter); `additionalProperties: true` opens it (`grammar_source.py`).
 
 This module only states and checks the request's shape; `sampling/grammar.py` compiles it
 for the model's vocabulary (and refuses, naming it, any schema keyword it cannot enforce).
@@ -18,7 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-KINDS = ("json", "json_object", "regex", "choice", "structural")
+KINDS = ("json", "json_object", "regex", "choice", "structural", "grammar")
 MAX_SPEC_CHARS = 1 << 16  # characters of a schema, regex or choice list (as JSON text)
 MAX_CHOICES = 256
 
@@ -50,13 +56,15 @@ class Structural:
 
 @dataclass(frozen=True, slots=True)
 class StructuredOutputsParams:
-    """One of `json`, `json_object`, `regex`, `choice`, `structural` (see the module doc)."""
+    """One of `json`, `json_object`, `regex`, `choice`, `structural`, `grammar` (see the
+    module doc)."""
 
     json: dict | str | None = None
     json_object: bool = False
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     structural: Structural | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if self.choice is not None:
@@ -83,6 +91,8 @@ class StructuredOutputsParams:
             raise ValueError("structured_outputs.json must be a JSON Schema (an object)")
         if self.regex is not None and not isinstance(self.regex, str):
             raise ValueError("structured_outputs.regex must be a string")
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise ValueError("structured_outputs.grammar must be a string (a Lark grammar)")
         if self.structural is not None and not isinstance(self.structural, Structural):
             raise ValueError("structured_outputs.structural must be a Structural")
         if len(self.key()) > MAX_SPEC_CHARS:

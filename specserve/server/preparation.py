@@ -30,8 +30,8 @@ from specserve.server.errors import APIError, from_value_error
 from specserve.server.limits import ServerLimits
 from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from specserve.server.tool_calls import ToolSupport, tool_support
-from specserve.server.tool_calls.constraints import (Constraint, chat_constraint,
-                                                     completion_constraint)
+from specserve.server.tool_calls.constraints import (Constraint, allowed_names,
+                                                     chat_constraint, completion_constraint)
 from specserve.server.tool_calls.conversation import choice_of, template_inputs
 from specserve.server.tool_calls.parser import ToolParsing
 
@@ -107,7 +107,8 @@ def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLim
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     parsing = None if choice == "none" else ToolParsing(
-        tools.format, 1 if req.parallel_tool_calls is False else None)
+        tools.format, 1 if req.parallel_tool_calls is False else None,
+        frozenset(allowed_names(req, choice)))
     job = _job(req, ids, "messages", max_tokens, param, logprobs, limits, constraint)
     return [replace(job, tool_calls=parsing)]
 

@@ -210,8 +210,9 @@ class Responder:
 
 
 def _finish(reason: str | None, calls: list) -> str | None:
-    """A choice that made calls and stopped on its own stopped to have them run."""
-    return "tool_calls" if calls and reason == "stop" else reason
+    """A choice that made calls (cut ones aside) and stopped on its own stopped to have them
+    run."""
+    return "tool_calls" if any(c is not None for c in calls) and reason == "stop" else reason
 
 
 def usage(outputs: list[RequestOutput]) -> dict:

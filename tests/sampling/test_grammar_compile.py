@@ -160,3 +160,42 @@ def test_the_schema_true_allows_any_json_value(compiler):
     for text in ['[1, "a"]', "42", '{"ok": null}']:
         m = grammar.matcher()
         assert all(m.accept(t) for t in tok.encode(text)) and m.can_terminate, text
+
+
+def test_object_schemas_are_closed_unless_they_say_otherwise():
+    """`additionalProperties` missing means none (xgrammar's default, llama.cpp's converter),
+    through every nested schema; `true` or `patternProperties` keeps one open; an `allOf`
+    member stays open (closing each part would refuse what the parts together allow)."""
+    from specserve.sampling.grammar_source import closed_schema
+
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"b": {"type": "string"}}},
+        "c": {"type": "array", "items": {"properties": {"d": {"const": {"x": 1}}}}},
+        "e": {"type": "object", "additionalProperties": True},
+        "f": {"type": "object", "patternProperties": {"^x": {"type": "string"}}},
+        "g": {"allOf": [{"type": "object", "properties": {"h": {"type": "object"}}}]}}}
+    out = closed_schema(schema)
+    assert out["additionalProperties"] is False
+    assert out["properties"]["a"]["additionalProperties"] is False
+    assert out["properties"]["c"]["items"]["additionalProperties"] is False
+    assert out["properties"]["c"]["items"]["properties"]["d"] == {"const": {"x": 1}}
+    assert out["properties"]["e"]["additionalProperties"] is True
+    assert "additionalProperties" not in out["properties"]["f"]
+    member = out["properties"]["g"]["allOf"][0]
+    assert "additionalProperties" not in member
+    assert member["properties"]["h"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the request's own schema is not changed
+
+
+def test_a_schema_not_marked_strict_takes_no_keys_beyond_its_own(compiler):
+    """What instructor's JSON mode sends (a pydantic schema without additionalProperties): the
+    output ends after the last property instead of adding keys until max_tokens."""
+    tok = byte_level()
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+    def takes(schema, text):
+        m = compiler.compile(StructuredOutputsParams(json=schema)).matcher()
+        return all(m.accept(t) for t in tok.encode(text)) and m.can_terminate
+
+    assert takes(schema, '{"n": 1}') and not takes(schema, '{"n": 1, "m": 2}')
+    assert takes({**schema, "additionalProperties": True}, '{"n": 1, "m": 2}')
