@@ -53,6 +53,7 @@ class LLMEngine:
     def __init__(self, runner: ModelRunner, blocks: BlockManager, tokenizer: Tokenizer,
                  config: EngineConfig, spec: SpeculationController | None = None,
                  prepare_tokenizer: bool = False, grammars=None) -> None:
+        assert config.max_model_len is not None, "the context is resolved before the engine"
         self.runner, self.tokenizer, self.config, self.spec = runner, tokenizer, config, spec
         self.grammars = grammars or LazyGrammarCompiler(tokenizer, runner.model.cfg.vocab_size)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, blocks)

@@ -173,6 +173,8 @@ class Scheduler:
         self.running.append(seq)
         plan.admitted.append(seq)
         self.prefix_cache_hit_tokens += hit
+        if seq.num_output == 0:
+            seq.prefix_hit = hit
         if n > 0:
             plan.chunks.append(Chunk(seq, hit, n))
             self.prompt_tokens_computed += n

@@ -39,6 +39,7 @@ class Sequence:
     status: Status = Status.WAITING
     table: BlockTable = field(default_factory=BlockTable)  # its blocks in the target's KV cache
     num_cached: int = 0  # positions of the target's KV cache computed (see the module doc)
+    prefix_hit: int = 0  # prompt positions the prefix cache gave when it was first admitted
     # positions to compute before the first round: the prompt (the last chunk's logits give
     # the first token) or, after a preemption, every token but the last (no sampling)
     prefill_end: int = 0

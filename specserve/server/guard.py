@@ -20,7 +20,7 @@ from typing import Callable
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from specserve.server.errors import APIError
+from specserve.server.errors import APIError, body_for
 from specserve.server.intake import GENERATION_PATHS, Intake
 from specserve.server.limits import ServerLimits
 
@@ -48,7 +48,7 @@ class Guard:
         except APIError as e:
             refusal = e
         if refusal is not None:
-            await _send_error(send, refusal)
+            await _send_error(send, refusal, scope["path"])
             return
         await self.app(scope, self._limited(receive), send)
 
@@ -115,18 +115,26 @@ class Guard:
             return APIError(400, f"Host {headers.get('host', '')!r} is not one this server answers "
                             f"to (see --allowed-hosts)", code="host_not_allowed")
         if self.api_key is not None and (path.startswith("/v1/") or path == "/metrics"):
-            auth = headers.get("authorization", "")
-            scheme, _, token = auth.partition(" ")
-            if not auth:
-                return APIError(401, "missing API key: send 'Authorization: Bearer <key>'",
-                                code="missing_api_key")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                      self.api_key.encode()):
-                return APIError(401, "invalid API key", code="invalid_api_key")
+            refusal = self._key_refusal(headers)
+            if refusal is not None:
+                return refusal
         if method == "POST" and path.startswith("/v1/") \
                 and not is_json(headers.get("content-type")):
             return APIError(415, f"the body must be sent as JSON (Content-Type: application/json), "
                             f"got {headers.get('content-type')!r}", code="unsupported_media_type")
+        return None
+
+    def _key_refusal(self, headers: dict[str, str]) -> APIError | None:
+        """The key comes as `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key`
+        (Anthropic's)."""
+        auth, key = headers.get("authorization", ""), headers.get("x-api-key")
+        if not auth and key is None:
+            return APIError(401, "missing API key: send 'Authorization: Bearer <key>' or "
+                            "'x-api-key: <key>'", code="missing_api_key")
+        scheme, _, token = auth.partition(" ")
+        given = token.strip() if auth and scheme.lower() == "bearer" else key
+        if given is None or not hmac.compare_digest(given.encode(), self.api_key.encode()):
+            return APIError(401, "invalid API key", code="invalid_api_key")
         return None
 
     def _too_large(self) -> APIError:
@@ -145,8 +153,8 @@ def is_json(content_type: str | None) -> bool:
         subtype == "json" or subtype.endswith("+json"))
 
 
-async def _send_error(send: Send, error: APIError) -> None:
-    body = json.dumps(error.body()).encode()
+async def _send_error(send: Send, error: APIError, path: str) -> None:
+    body = json.dumps(body_for(path, error)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode("latin-1"), v.encode("latin-1"))
                 for k, v in error.headers.items()]

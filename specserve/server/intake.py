@@ -25,7 +25,13 @@ from typing import Callable, TypeVar
 from specserve.server.errors import APIError
 
 T = TypeVar("T")
-GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions")
+GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+                    "/v1/messages/count_tokens")
+# where each wire keeps its conversation: the field, and the field of each entry's parts
+CONVERSATIONS = {"/v1/chat/completions": ("messages", "content"),
+                 "/v1/messages": ("messages", "content"),
+                 "/v1/messages/count_tokens": ("messages", "content"),
+                 "/v1/responses": ("input", "content")}
 
 
 class Intake:
@@ -64,14 +70,15 @@ def check_body(path: str, body: bytes, max_messages: int, max_model_len: int) ->
         return APIError(400, f"malformed JSON body: {e}", code="invalid_json")
     if not isinstance(data, dict):
         return None
-    messages = data.get("messages")
-    if path == "/v1/chat/completions" and isinstance(messages, list):
-        parts = sum(len(m["content"]) for m in messages
-                    if isinstance(m, dict) and isinstance(m.get("content"), list))
+    name, part = CONVERSATIONS.get(path, ("messages", "content"))
+    messages = data.get(name)
+    if path in CONVERSATIONS and isinstance(messages, list):
+        parts = sum(len(m[part]) for m in messages
+                    if isinstance(m, dict) and isinstance(m.get(part), list))
         if max(len(messages), parts) > max_messages:
-            return APIError(400, f"messages: {len(messages)} messages with {parts} text parts; "
-                            f"this server takes at most {max_messages} of each per request",
-                            param="messages", code="too_many_messages")
+            return APIError(400, f"{name}: {len(messages)} entries with {parts} parts; this "
+                            f"server takes at most {max_messages} of each per request",
+                            param=name, code="too_many_messages")
     prompt = data.get("prompt")
     if path == "/v1/completions" and isinstance(prompt, list) and prompt \
             and isinstance(prompt[0], (int, list)):

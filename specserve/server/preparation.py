@@ -76,9 +76,12 @@ def check_model(requested: str, limits: ModelLimits) -> None:
 
 def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLimits,
               server: ServerLimits = ServerLimits(), tools: ToolSupport | None = None,
-              compiler: GrammarCompiler | None = None) -> list[Job]:
+              compiler: GrammarCompiler | None = None, bound_max_tokens: bool = False
+              ) -> list[Job]:
     """The request's job; `tools`: the model's tool support (`tool_support`, computed here
-    when not given)."""
+    when not given); `bound_max_tokens`: a max_tokens beyond the room the prompt leaves in the
+    context is that room (the agents' wires, whose clients ask for more than any context),
+    not a 400."""
     check_model(req.model, limits)
     check_choices(1, req.n, limits, server)
     if len(req.messages) > server.max_messages:
@@ -109,6 +112,8 @@ def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLim
     parsing = None if choice == "none" else ToolParsing(
         tools.format, 1 if req.parallel_tool_calls is False else None,
         frozenset(allowed_names(req, choice)))
+    if bound_max_tokens and max_tokens is not None:
+        max_tokens = min(max_tokens, max(1, limits.max_model_len - len(ids)))
     job = _job(req, ids, "messages", max_tokens, param, logprobs, limits, constraint)
     return [replace(job, tool_calls=parsing)]
 

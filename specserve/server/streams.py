@@ -77,7 +77,8 @@ def joined(request_id: str, done: list[tuple[int, RequestOutput]]) -> RequestOut
     head = done[0][1]
     return RequestOutput(request_id, head.prompt, head.prompt_token_ids,
                          [replace(c, index=c.index + first) for first, out in done
-                          for c in out.outputs], True, head.queue_time)
+                          for c in out.outputs], True, head.queue_time,
+                         min(out.num_cached_tokens for _, out in done))
 
 
 async def merged(engine: EngineClient, jobs: list[Job], request_id: str,

@@ -12,13 +12,16 @@ Schemas lose their annotations (`description`, `title`, ...) here: they constrai
 - otherwise ("auto"): free text, and wherever one of the format's `CallForm` triggers is
   written (its marker, a ```json fence, a bare `{"name": ` opening the output), the rest of
   that call is held to the grammar: llguidance's lazy lexemes end at the first trigger, as
-  llama.cpp's lazy grammars do. After a call, free text again (where another call may start,
-  unless `parallel` is false).
+  llama.cpp's lazy grammars do. A trigger matches with any whitespace between its JSON tokens
+  (`{\n  "name":` starts a call as `{"name": ` does; a lazy match ends before the whitespace
+  after its last token, which `SPACE` then takes); what it holds after is written compactly.
+  After a call, free text again (where another call may start, unless `parallel` is false).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from specserve.sampling.grammar_source import json_rule
@@ -28,7 +31,8 @@ ANY_OBJECT = {"type": "object", "additionalProperties": True}
 ANNOTATIONS = frozenset({"description", "title", "examples", "$comment", "deprecated",
                          "readOnly", "writeOnly"})
 _DATA = ("const", "enum", "default")  # JSON data in a schema, not schemas
-WHITESPACE = '/[ \\t\\r\\n]*/'
+WHITESPACE = "[ \\t\\r\\n]*"
+_TOKENS = re.compile(r'"[^"]*"|[{}\[\]:,]|[^{}\[\]:,"\s]+')
 
 
 @dataclass(frozen=True)
@@ -53,9 +57,10 @@ def tool_call_grammar(functions: list[Function], fmt: ToolFormat, required: bool
     segs = [f for f in fmt.forms if f.anywhere]
     for kind, forms in (("lead", leads), ("seg", segs)):
         for i, form in enumerate(forms):
-            prefix = "TEXT" if form.anywhere else WHITESPACE
-            lines.append(f"{kind}{i}_head[lazy]: {prefix} {_literal(form.trigger)}")
-            lines.append(f"{kind}{i}: {kind}{i}_head {_body(form, parallel)}")
+            prefix = "TEXT " if form.anywhere else ""
+            lines.append(f"{kind}{i}_head[lazy]: {prefix}{trigger_regex(form, not form.anywhere)}")
+            space = "SPACE? " if form.trigger.rstrip()[-1:] in "{[:," else ""
+            lines.append(f"{kind}{i}: {kind}{i}_head {space}{_body(form, parallel)}")
         if forms:
             lines.append(f"{kind}: " + " | ".join(f"{kind}{i}" for i in range(len(forms))))
     if parallel:
@@ -66,7 +71,16 @@ def tool_call_grammar(functions: list[Function], fmt: ToolFormat, required: bool
         starts = [f"{kind} TEXT" for kind, forms in (("lead", leads), ("seg", segs)) if forms]
         lines.append("start: " + " | ".join([*starts, "TEXT"]))
     lines.append("TEXT: /(?s:.*)/")
+    lines.append(f"SPACE: /{WHITESPACE[:-1]}+/")
     return "\n".join(lines) + "\n"
+
+
+def trigger_regex(form: CallForm, leading_space: bool) -> str:
+    """The Lark regex of a trigger: its tokens with any whitespace between them (and before
+    them, `leading_space`)."""
+    tokens = [re.escape(t) for t in _TOKENS.findall(form.trigger)]
+    body = WHITESPACE.join(tokens)
+    return "/" + (WHITESPACE if leading_space else "") + body.replace("/", "\\/") + "/"
 
 
 def _call_rules(functions: list[Function], arguments_key: str) -> list[str]:

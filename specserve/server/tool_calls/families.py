@@ -60,6 +60,7 @@ HERMES = ToolFormat("hermes", formats.hermes, begin="<tool_call>\n",
                     separator="\n</tool_call>\n<tool_call>\n", end="\n</tool_call>", forms=(
                         CallForm("<tool_call>", before="\n", after="\n</tool_call>"),
                         CallForm("```json", before="\n", after="\n```"),
+                        CallForm("```" + BARE, named=True, after="\n```"),
                         CallForm(BARE, anywhere=False, named=True)))
 LLAMA3_JSON = ToolFormat("llama3_json", formats.llama3_json, separator="; ",
                          arguments_key="parameters",

@@ -165,6 +165,7 @@ def read_call(r: Reader, keys: tuple[str, ...], block: int | None = None):
     if name is not None:
         index = r.call(name)
         if (yield from r.stream_value(lambda text: r.args(index, text))):
+            r.ended(index)
             yield from r.stream_value(_ignore, JsonScan(depth=1))  # the rest of the call
         else:
             r.cut(index, start if block is None else block)
@@ -178,7 +179,9 @@ def read_call(r: Reader, keys: tuple[str, ...], block: int | None = None):
         r.pos = start
         return False
     r.pos = end
-    r.args(r.call(call[0]), call[1])
+    index = r.call(call[0])
+    r.args(index, call[1])
+    r.ended(index)
     return True
 
 

@@ -70,7 +70,7 @@ def collect(events: list[tuple]) -> ParsedOutput:
             calls[event[1]] = [event[2], ""]
         elif event[0] == "args":
             calls[event[1]][1] += event[2]
-        else:
+        elif event[0] == "cut":
             del calls[event[1]]
             content.append(event[2])
     return ParsedOutput("".join(content), [(name, args) for name, args in calls.values()])
@@ -92,6 +92,8 @@ def stream_deltas(events: list[tuple], call_ids: list[str]) -> list[dict]:
         last = deltas[-1] if deltas else {}
         if event[0] == "cut":
             call_ids[event[1]] = None
+        elif event[0] == "end":
+            continue
         elif event[0] == "content":
             if "content" in last:
                 last["content"] += event[1]

@@ -7,7 +7,8 @@ waiting primitives below (`literal`, `ws`, `peek`, ...), each a generator used w
 depends on the whole output only, never on where the deltas were cut: fed in any pieces,
 a parser emits the same events, in the same order, as fed the whole output at once.
 
-Events: `("content", text)`, `("call", index, name)`, `("args", index, fragment)`, and
+Events: `("content", text)`, `("call", index, name)`, `("args", index, fragment)`,
+`("end", index)` once a call's arguments are whole (valid JSON: the call stands), and
 `("cut", index, text)` where a call whose head was read never became one (its arguments
 stopped being JSON, or the output ended inside them): `text` is all of it as written, which
 a whole output keeps as content instead of the call. Content keeps the output's text but for
@@ -68,6 +69,11 @@ class Reader:
     def args(self, index: int, fragment: str) -> None:
         if fragment and self._emits(index):
             self.events.append(("args", index, fragment))
+
+    def ended(self, index: int) -> None:
+        """Call `index` has all its arguments."""
+        if self._emits(index):
+            self.events.append(("end", index))
 
     def cut(self, index: int, start: int) -> None:
         """Call `index`, written from `start` to `pos`, never became one."""

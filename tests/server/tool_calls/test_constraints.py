@@ -95,8 +95,13 @@ def test_auto_lets_the_model_talk_and_holds_every_call_it_starts_to_a_declared_f
                  + "\n</tool_call>", "<tool_call>\n" + UTC + "\n</tool_call> Done."):
         assert accepts(compiler, spec, text), text
     for text in ("<tool_call>\n" + UNDECLARED, "ok ```json\n" + UNDECLARED, UNDECLARED,
-                 "<tool_call>\n" + EXTRA_KEY, "<tool_call>\n" + PARIS + " and more"):
+                 "<tool_call>\n" + EXTRA_KEY, "<tool_call>\n" + PARIS + " and more",
+                 '{\n  "name": "send_email"', 'See:\n```\n{"name": "send_email"'):
         assert not accepts(compiler, spec, text, whole=False), text
+    # a call written with other whitespace starts the constraint all the same
+    for text in ('{\n  "name": "get_weather", "arguments": {"city": "Paris"}}',
+                 '```\n{"name":"get_weather", "arguments": {"city": "Paris"}}\n```'):
+        assert accepts(compiler, spec, text), text
     parsing = job(hermes_tok, [ASKED], tools=[WEATHER_TOOL, TIME_TOOL]).tool_calls
     assert parsing.names == frozenset({"get_weather", "get_time"})
 
@@ -200,7 +205,8 @@ def test_every_form_a_grammar_holds_parses_back_to_the_same_calls(fmt):
 
 def test_every_family_has_a_form_that_starts_a_call_under_auto():
     assert all(fmt.forms for fmt in FORMATS)
-    assert [f.trigger for f in HERMES.forms] == ["<tool_call>", "```json", '{"name": ']
+    assert [f.trigger for f in HERMES.forms] == ["<tool_call>", "```json", '```{"name": ',
+                                                 '{"name": ']
     assert not any(f.anywhere for f in LLAMA3_JSON.forms + GENERIC.forms)
     assert MISTRAL.forms[0].trigger == "[TOOL_CALLS]"
 
