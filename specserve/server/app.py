@@ -65,9 +65,11 @@ from specserve.server.response_bodies import (ChatCompletionResponse, Completion
                                               ErrorResponse, ModelList)
 from specserve.server.responses import ChatRenderer, Responder, Shape
 from specserve.server.tool_calls import ToolSupport, tool_support
-from specserve.server.streams import ahead_of_client, merged, unless_disconnected, until
+from specserve.server.streams import (HEARTBEAT, ahead_of_client, merged, unless_disconnected,
+                                      until, with_heartbeats)
 
 log = logging.getLogger("specserve.server")
+HEARTBEAT_S = 10.0  # a stream quiet this long (a long prefill) sends its wire's keep-alive
 STATIC = Path(__file__).with_name("static")  # the chat page at `/` (issue 17): plain HTML/CSS/JS
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
                                            "frame-ancestors 'none'",
@@ -189,7 +191,7 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
         """Prometheus text format."""
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def page() -> FileResponse:
         """The chat page: streaming answers with every token colored by its origin."""
         return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
@@ -307,14 +309,21 @@ async def _collect(state: ServerState, jobs: list[Job], request_id: str,
 
 async def _stream(state: ServerState, jobs: list[Job], request_id: str, renderer,
                   deadline: float | None, ticket: Ticket) -> AsyncIterator[str]:
-    """The renderer's events: its opening ones, one batch per engine step, its closing ones
-    once every job has finished. Cancelled (the client went away) → the engine requests are
+    """The renderer's events: its opening ones, one batch per engine step, its keep-alive
+    whenever `HEARTBEAT_S` pass without one (a long prompt's prefill), its closing ones once
+    every job has finished. Cancelled (the client went away) → the engine requests are
     aborted; a failure once events are sent is the renderer's failure events."""
     outputs: list[RequestOutput | None] = [None] * len(jobs)
     try:
         for event in renderer.start():
             yield event
-        async for i, delta in _deltas(state, jobs, request_id, deadline):
+        deltas = _deltas(state, jobs, request_id, deadline)
+        async for item in with_heartbeats(deltas, HEARTBEAT_S):
+            if item is HEARTBEAT:
+                for event in renderer.keepalive():
+                    yield event
+                continue
+            i, delta = item
             _raise_engine_error(delta.error)
             events = await _off_loop(renderer, renderer.step, i, delta.completions)
             if delta.finished:

@@ -230,6 +230,9 @@ class ChatRenderer:
     def start(self) -> list[str]:
         return []
 
+    def keepalive(self) -> list[str]:
+        return [sse.COMMENT]
+
     def step(self, index: int, deltas: list[CompletionDelta]) -> list[str]:
         self._last = self.responder.chunks(index, deltas, self.include_usage)
         return [sse.event(c) for c in self._last]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 DONE = "data: [DONE]\n\n"
+COMMENT = ": keep-alive\n\n"  # a comment line: clients skip it, the connection stays busy
 MEDIA_TYPE = "text/event-stream"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

@@ -192,3 +192,29 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+HEARTBEAT = object()  # what `with_heartbeats` yields for a quiet stretch
+
+
+async def with_heartbeats(items: AsyncIterator[T], every: float) -> AsyncIterator[T]:
+    """`items`, and `HEARTBEAT` whenever `every` seconds pass without one (a long prefill: a
+    stream can say it is alive before its first token, so that clients with an idle timeout
+    wait). `items` is closed either way."""
+    pending = asyncio.ensure_future(anext(items))
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield HEARTBEAT
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            yield item
+            pending = asyncio.ensure_future(anext(items))
+    finally:
+        pending.cancel()
+        await asyncio.gather(pending, return_exceptions=True)
+        await items.aclose()

@@ -82,3 +82,34 @@ def test_ahead_of_client_reads_to_the_end_while_nobody_reads_and_closing_stops_i
 
     first, rest, closed = asyncio.run(scenario())
     assert first == 0 and rest == list(range(1, 100)) and closed
+
+
+def test_a_quiet_stretch_yields_heartbeats_then_the_items_and_closing_closes_the_source():
+    """Timers fire in order: the 0.02-s heartbeat wait always ends before the 0.3-s item."""
+    from specserve.server.streams import HEARTBEAT, with_heartbeats
+
+    closed = []
+
+    async def slow():
+        try:
+            await asyncio.sleep(0.3)
+            yield "first"
+            yield "second"
+            await asyncio.sleep(3600)
+            yield "never"
+        finally:
+            closed.append(True)
+
+    async def run():
+        got = []
+        stream = with_heartbeats(slow(), 0.02)
+        async for item in stream:
+            got.append(item)
+            if item == "second":
+                break
+        await stream.aclose()
+        return got
+
+    got = asyncio.run(run())
+    assert got[0] is HEARTBEAT and got[-2:] == ["first", "second"]
+    assert all(g is HEARTBEAT for g in got[:-2]) and closed == [True]

@@ -42,6 +42,10 @@ class MessagesRenderer:
                                             "output_tokens": 0})
         return [_event("message_start", message=message), _event("ping")]
 
+    def keepalive(self) -> list[str]:
+        """A `ping`, which Anthropic's streams may hold any number of."""
+        return [_event("ping")]
+
     def step(self, index: int, deltas: list[CompletionDelta]) -> list[str]:
         """The events of one engine step (one prompt, n = 1: at most one delta)."""
         return [e for delta in deltas for e in self._step(delta)]

@@ -48,6 +48,11 @@ class ResponsesRenderer:
         return [self._event("response.created", response=response),
                 self._event("response.in_progress", response=response)]
 
+    def keepalive(self) -> list[str]:
+        """`response.in_progress` again: an event, which a client's idle timer counts (Codex
+        drops a stream quiet for 300 s), and one its parser takes."""
+        return [self._event("response.in_progress", response=self.response("in_progress"))]
+
     def step(self, index: int, deltas: list[CompletionDelta]) -> list[str]:
         """The events of one engine step (one prompt, n = 1: at most one delta)."""
         return [e for delta in deltas for e in self._step(delta)]

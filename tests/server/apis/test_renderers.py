@@ -191,3 +191,11 @@ def test_without_tools_the_whole_output_is_text():
     body = messages(parsing=None).body([output(CALL, "stop", None)])
     assert body["content"] == [{"type": "text", "text": CALL}]
     assert body["stop_reason"] == "end_turn"
+
+
+def test_each_wire_keeps_a_quiet_stream_alive_with_an_event_its_clients_take():
+    from specserve.server.responses import ChatRenderer
+
+    assert [parse(e)[0] for e in responses().keepalive()] == ["response.in_progress"]
+    assert [parse(e)[0] for e in messages().keepalive()] == ["ping"]
+    assert ChatRenderer(None).keepalive() == [": keep-alive\n\n"]
