@@ -111,7 +111,7 @@ def main() -> None:
             for key in ("calls", "formed", "undeclared"):
                 row[key] += result[key]
             row["right"] += result["right"]
-            record = {"server": names[s], "id": item["id"], **answer, **result}
+            record = {"server": names[s], "id": item["id"], "answer": answer, **result}
             print(json.dumps(record), flush=True)
             if args.out:
                 with open(args.out, "a") as f:
