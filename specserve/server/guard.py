@@ -5,9 +5,10 @@ name must not reach a loopback server), a missing or wrong API key on `/v1/` rou
 send a body without a JSON content type, and no key, with no CORS preflight), and counts error
 statuses for `/metrics`. `/health` answers any Host, so a supervisor may probe by address.
 
-On the generation routes the body is read here, in full, then checked by the intake
-(`intake.check_body`, on a worker thread; 429 when the intake is full, 400 for what would
-make the app's own validation long) before the app reads it. Every response says
+On every POST under `/v1/` (whatever the route, so a new one is covered too) the body is read
+here, in full, then checked by the intake (`intake.check_body`, on a worker thread; 429 when
+the intake is full, 400 for JSON nested too deep and for what would make the app's own
+validation long) before the app reads it. Every response says
 `X-Content-Type-Options: nosniff`."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specserve.server.errors import APIError
-from specserve.server.intake import GENERATION_PATHS, Intake
+from specserve.server.intake import Intake
 from specserve.server.limits import ServerLimits
 
 BodyCheck = Callable[[str, bytes], "APIError | None"]
@@ -77,7 +78,7 @@ class Guard:
 
     def _checks_body(self, scope: Scope) -> bool:
         return (self.intake is not None and self.check_body is not None
-                and scope["method"] == "POST" and scope["path"] in GENERATION_PATHS)
+                and scope["method"] == "POST" and scope["path"].startswith("/v1/"))
 
     async def _checked_body(self, path: str, receive: Receive) -> Receive:
         """Read the whole body (413 beyond the limit), have the intake check it, and hand the

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from specserve.json_depth import MAX_DEPTH, text_depth
 from specserve.sampling.grammar import GrammarCompiler
 from specserve.sampling.grammar_source import MAX_REGEX_SIZE, regex_size
 from specserve.sampling.structured import MAX_SPEC_CHARS, Structural, StructuredOutputsParams
@@ -73,11 +74,18 @@ def test_a_pathological_regex_is_refused_before_it_runs(compiler, spec):
     assert time.perf_counter() - start < 1.0
 
 
-def test_a_schema_nested_past_the_librarys_depth_is_refused(compiler):
-    schema: dict = {"type": "string"}
-    for _ in range(200):
+def test_a_schema_at_the_nesting_bound_compiles_and_one_beyond_is_refused_before_it(compiler):
+    """The bound (`json_depth.MAX_DEPTH`) is below the library's own (its JSON parser stops at
+    128 levels of the grammar it is handed), so every schema within it can be enforced."""
+    schema: dict = {"type": "integer"}
+    for _ in range(MAX_DEPTH - 2):
         schema = {"type": "array", "items": schema}
-    assert "structured_outputs.json" in error_of(compiler, json=schema)
+    assert text_depth(json.dumps(schema)) == MAX_DEPTH - 1
+    compiler.compile(StructuredOutputsParams(json={"type": "array", "items": schema}))
+    for _ in range(2):
+        schema = {"type": "array", "items": schema}
+    assert error_of(compiler, json=schema).startswith(
+        "structured_outputs.json.items.items.items.items.items.items...: JSON nested more than")
 
 
 def test_a_spec_over_the_size_limit_is_refused():
