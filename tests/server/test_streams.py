@@ -5,6 +5,10 @@ completion seeded as in one request, the output joined as one request's), and
 from __future__ import annotations
 
 import asyncio
+import gc
+import re
+
+import pytest
 
 from specserve.engine.outputs import CompletionDelta, CompletionOutput, RequestDelta, RequestOutput
 from specserve.sampling.params import SamplingParams
@@ -82,3 +86,38 @@ def test_ahead_of_client_reads_to_the_end_while_nobody_reads_and_closing_stops_i
 
     first, rest, closed = asyncio.run(scenario())
     assert first == 0 and rest == list(range(1, 100)) and closed
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_the_grammar_a_job_was_prepared_with_serves_every_share_never_compiled_again(held):
+    """A job of n = 4 on a share of 2 runs as two engine requests, one after the other, after
+    the compile cache has let its grammar go (as many other specs compiled since): the job's
+    grammar is found for both, nothing is compiled on the loop or the engine thread. The
+    can-fail twin: a job that holds no grammar has it compiled again."""
+    from specserve.clients.async_engine import AsyncEngine
+    from specserve.sampling.structured import StructuredOutputsParams
+    from tests import toy
+    from tests.engine.test_grammar_decoding import EOS, REGEX, V, grammar_engine
+
+    engine = grammar_engine(toy.random_table(V, seed=3), None, 2, "suffix")
+    compiler = engine.grammars
+    spec = StructuredOutputsParams(regex=REGEX)
+    grammar = compiler.compile(spec) if held else None
+    prepared = Job([EOS, 0, 1], SamplingParams(n=4, seed=1, max_tokens=6,
+                                               structured_outputs=spec), None, grammar=grammar)
+    for i in range(compiler.cache_size):
+        compiler.compile(StructuredOutputsParams(regex=f"a{{{i + 1}}}"))
+    before = compiler.compiled
+    gc.collect()
+    async_engine = AsyncEngine(engine)
+
+    async def run():
+        return [d async for d in job_stream(async_engine, prepared, "req", share=2)]
+
+    try:
+        deltas = asyncio.run(run())
+    finally:
+        async_engine.shutdown()
+    assert len(deltas[-1].output.outputs) == 4
+    assert all(re.fullmatch(REGEX, c.text) for c in deltas[-1].output.outputs)
+    assert (compiler.compiled - before == 0) == held
