@@ -57,7 +57,8 @@ from specserve.server.streams import ahead_of_client, merged, unless_disconnecte
 log = logging.getLogger("specserve.server")
 STATIC = Path(__file__).with_name("static")  # the chat page at `/` (issue 17): plain HTML/CSS/JS
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
-                                           "frame-ancestors 'none'",
+                                           "frame-ancestors 'none'; base-uri 'none'; "
+                                           "form-action 'self'",
                 "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
 ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in [
     (400, "invalid request: malformed JSON, wrong type, out-of-range value, prompt or max_tokens "

@@ -223,7 +223,7 @@ def test_prompt_text_beyond_what_the_context_could_hold_is_refused_before_tokeni
     assert f"at most {bound}" in error_of(r)["message"]
 
 
-def test_a_body_not_sent_as_json_is_refused_and_the_page_can_be_neither_framed_nor_sniffed(
+def test_a_body_not_sent_as_json_is_refused_and_the_page_can_be_neither_framed_sniffed_nor_rebased(
         hostile):
     body = json.dumps({"model": NAME, "prompt": "x", "max_tokens": 1})
     for headers in ({}, {"content-type": "text/plain"},
@@ -235,6 +235,7 @@ def test_a_body_not_sent_as_json_is_refused_and_the_page_can_be_neither_framed_n
                     headers={**AUTH, "content-type": "application/json; charset=utf-8"})
     assert ok.status_code == 200
     page = httpx.get(f"{hostile.base_url}/")
-    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    policy = {d.strip() for d in page.headers["content-security-policy"].split(";")}
+    assert {"frame-ancestors 'none'", "base-uri 'none'", "form-action 'self'"} <= policy
     assert page.headers["x-content-type-options"] == "nosniff"
     assert ok.headers["x-content-type-options"] == "nosniff"
