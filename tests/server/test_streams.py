@@ -1,6 +1,7 @@
 """`streams`: a job's n split into engine requests of at most a share of the slots (each
 completion seeded as in one request, the output joined as one request's), and
-`ahead_of_client` reading a stream to its end whatever its reader does."""
+`ahead_of_client` reading a stream a bounded number of items ahead of its reader, and the
+grammar a job was prepared with serving all its engine requests."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from specserve.engine.outputs import CompletionDelta, CompletionOutput, RequestDelta, RequestOutput
 from specserve.sampling.params import SamplingParams
 from specserve.server.preparation import Job
-from specserve.server.streams import ahead_of_client, job_stream, parts
+from specserve.server.streams import READ_AHEAD, ahead_of_client, job_stream, parts
 
 
 def job(n: int, seed: int | None = 5) -> Job:
@@ -34,7 +35,7 @@ class Engine:
     def __init__(self) -> None:
         self.requests: list[tuple[str, int]] = []
 
-    async def stream(self, prompt, params, request_id, speculation=None):
+    async def stream(self, prompt, params, request_id, speculation=None, client=None):
         self.requests.append((request_id, params.n))
         outputs = [CompletionOutput(i, f"s{params.seed + i}", [i], "length", 1, None, None, None)
                    for i in range(params.n)]
@@ -62,13 +63,17 @@ def test_the_parts_stream_as_one_request_and_join_into_its_output():
     assert [(c.index, c.text) for c in out.outputs] == [(i, f"s{5 + i}") for i in range(5)]
 
 
-def test_ahead_of_client_reads_to_the_end_while_nobody_reads_and_closing_stops_it():
+def test_ahead_of_client_reads_a_few_items_ahead_of_its_reader_and_closing_stops_it():
+    """The next items are ready when the reader comes back, but a reader that stops stops the
+    source after `READ_AHEAD` more (so the engine behind it is held, not run to the end)."""
     ended = asyncio.Event()
+    pulled: list[int] = []
 
     async def items(count: int):
         try:
             for i in range(count):
                 await asyncio.sleep(0)
+                pulled.append(i)
                 yield i
         finally:
             ended.set()
@@ -76,16 +81,18 @@ def test_ahead_of_client_reads_to_the_end_while_nobody_reads_and_closing_stops_i
     async def scenario():
         ahead = ahead_of_client(items(100))
         first = await anext(ahead)  # one item read, then the reader stalls
-        await asyncio.wait_for(ended.wait(), 5)  # ...and the source still ran to its end
+        await asyncio.sleep(0.2)
+        stalled_at = len(pulled)
         rest = [i async for i in ahead]
         ended.clear()
         endless = ahead_of_client(items(10**9))
         await anext(endless)
         await endless.aclose()  # the client went away: the source is closed
-        return first, rest, ended.is_set()
+        return first, stalled_at, rest, ended.is_set()
 
-    first, rest, closed = asyncio.run(scenario())
-    assert first == 0 and rest == list(range(1, 100)) and closed
+    first, stalled_at, rest, closed = asyncio.run(scenario())
+    assert first == 0 and stalled_at == 1 + READ_AHEAD  # the one read, and the few ahead
+    assert rest == list(range(1, 100)) and closed
 
 
 @pytest.mark.parametrize("held", [True, False])
