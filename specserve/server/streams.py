@@ -144,8 +144,10 @@ async def ahead_of_client(items: AsyncIterator[T], read_ahead: int = READ_AHEAD
     """`items`, read by a task of their own at most `read_ahead` items ahead of this
     generator's reader: the next item is ready when the client takes it, and a client that
     stops reading stops `items` after a few more (the engine then holds its request, see the
-    module). Closing this generator (the client went away, or was dropped) cancels the task,
-    which closes `items` (aborting its engine requests)."""
+    module). Closing this generator, or the end of the task that reads it (the response's,
+    cancelled when the client went away or was dropped: an abandoned generator would be
+    closed only when it is collected), cancels the task, which closes `items` (aborting its
+    engine requests)."""
     queue: asyncio.Queue = asyncio.Queue()
     room = asyncio.Semaphore(read_ahead)
     end = object()
@@ -166,6 +168,9 @@ async def ahead_of_client(items: AsyncIterator[T], read_ahead: int = READ_AHEAD
             queue.put_nowait(end)
 
     task = asyncio.create_task(pump())
+    reader = asyncio.current_task()
+    if reader is not None:
+        reader.add_done_callback(lambda _: task.cancel())
     try:
         while (item := await queue.get()) is not end:
             if isinstance(item, Exception):

@@ -95,6 +95,36 @@ def test_ahead_of_client_reads_a_few_items_ahead_of_its_reader_and_closing_stops
     assert rest == list(range(1, 100)) and closed
 
 
+def test_a_reader_cancelled_mid_stream_closes_the_source_at_once():
+    """The response task is cancelled while it waits on its client (gone): the source is
+    closed (its engine requests aborted) at once, not when the abandoned generator is
+    collected (it stays referenced here, as a traceback would keep it)."""
+    ended = asyncio.Event()
+
+    async def items():
+        try:
+            while True:
+                await asyncio.sleep(0)
+                yield 1
+        finally:
+            ended.set()
+
+    async def scenario():
+        ahead = ahead_of_client(items())
+
+        async def respond():
+            async for _ in ahead:
+                await asyncio.sleep(10)  # a send waiting on a client that reads nothing
+
+        task = asyncio.create_task(respond())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.wait_for(ended.wait(), 2)
+        return ahead
+
+    assert asyncio.run(scenario()) is not None
+
+
 @pytest.mark.parametrize("held", [True, False])
 def test_the_grammar_a_job_was_prepared_with_serves_every_share_never_compiled_again(held):
     """A job of n = 4 on a share of 2 runs as two engine requests, one after the other, after
