@@ -1,5 +1,6 @@
 """`specserve.bench.soak`, briefly, against a real server on a tiny model with small bounds
-(2 sequence slots, 2 waiting places, 2 s timeouts, a 64 KiB send buffer): well-behaved
+(2 sequence slots, 6 waiting places: room for the stream nobody reads between the bursts;
+2 s timeouts, a 64 KiB send buffer): well-behaved
 streaming clients mixed with malformed and oversized bodies, disconnects, a slow reader,
 streams never read, trickled bodies, half-open connections and bursts beyond capacity lose
 nothing, get no 5xx, reach 429, leave no connection held and no KV block in use, and the
@@ -20,7 +21,7 @@ TIMEOUT_S = 2
 @pytest.fixture(scope="module")
 def bounded(model_dir, tmp_path_factory):
     srv = start_server(model_dir, tmp_path_factory.mktemp("soak") / "server.log",
-                       "--max-num-seqs", "2", "--max-waiting", "2", "--write-timeout",
+                       "--max-num-seqs", "2", "--max-waiting", "6", "--write-timeout",
                        str(TIMEOUT_S), "--body-timeout", str(TIMEOUT_S), "--header-timeout",
                        str(TIMEOUT_S), "--send-buffer-bytes", str(64 << 10))
     yield srv
