@@ -82,8 +82,9 @@ class ServerConfig:
                                   "was sent unread before its connection is dropped and its "
                                   "request aborted")
     send_buffer_bytes: int = option(LIMITS.send_buffer_bytes, "the kernel's send buffer per "
-                                    "connection (SO_SNDBUF): what a client may leave unread "
-                                    "before the write timeout starts")
+                                    "connection (SO_SNDBUF): what a client may leave unread of "
+                                    "a response that is not streamed before the write timeout "
+                                    "starts")
     max_unread_bytes: int = option(LIMITS.max_unread_bytes, "bytes a streaming client may "
                                    "leave unread before its stream waits for it (its engine "
                                    "request held, its slot to others) and the write timeout "

@@ -20,7 +20,8 @@ from specserve import json_depth
 from specserve.engine import trace
 from specserve.options import describe, flag_name
 from specserve.sampling import grammar_source, structured
-from specserve.server import intake, run
+from specserve.clients.async_engine import HOLD_AFTER
+from specserve.server import intake, run, streams
 from specserve.server.config import ServerConfig
 from specserve.server.limits import ServerLimits
 from specserve.server.protocol import (ChatCompletionRequest, CompletionRequest,
@@ -129,7 +130,12 @@ def time_rows() -> list[str]:
             f"| intake threads (server/intake.py) | {intake.Intake.__init__.__defaults__[0]} | "
             f"worker threads that parse and tokenize |",
             "| transport buffer | 64 KiB | asyncio's write buffer per connection: beyond it, "
-            "with the kernel's send buffer full, writing pauses and the write timeout runs |",
+            "with the kernel's send buffer full, writing pauses and the write timeout runs (a "
+            "streamed response waits long before, at `--max-unread-bytes`) |",
+            f"| `HOLD_AFTER` (clients/async_engine.py) | {HOLD_AFTER} | deltas a stream's "
+            f"reader leaves untaken before its engine request is held (released at half) |",
+            f"| `READ_AHEAD` (server/streams.py) | {streams.READ_AHEAD} | chunks a stream is "
+            f"read ahead of its client |",
             f"| `MAX_TRACE_BYTES` (engine/trace.py) | {trace.MAX_TRACE_BYTES} | bytes of the step "
             f"trace file (`--trace-steps`) before it is rotated to `<file>.1` |"]
     for relative, name, what in TIMES:
