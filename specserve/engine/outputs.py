@@ -150,3 +150,4 @@ class EngineStats:
     rolling_acceptance: float | None
     healthy: bool  # rolling acceptance >= 0.6 (or nothing drafted yet)
     kv_touched_bytes: int = 0  # KV pool bytes ever taken (resident), at most the budget
+    held: int = 0  # sequences held because their readers are behind (counted in running/waiting)

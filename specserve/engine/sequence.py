@@ -51,6 +51,8 @@ class Sequence:
     out: object = None  # its output state (`output_processor.CompletionState`)
     spec: object = None  # the speculation controller's state of it (None: no speculation)
     grammar: object = None  # its grammar matcher when the request is constrained
+    client: str | None = None  # whom the request serves (the scheduler shares slots by it)
+    held: bool = False  # its reader is behind: not scheduled until released (the scheduler's)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -15,14 +15,18 @@ JSON Schemas are closed: an object schema that does not set `additionalPropertie
 `patternProperties`) takes no properties beyond its own, strict or not (as xgrammar's default
 and llama.cpp's converter); `additionalProperties: true` opens it (`grammar_source.py`).
 
-This module only states and checks the request's shape; `sampling/grammar.py` compiles it
-for the model's vocabulary (and refuses, naming it, any schema keyword it cannot enforce).
+This module only states and checks the request's shape (a schema nested deeper than
+`json_depth.MAX_DEPTH` is refused here, before anything walks it); `sampling/grammar.py`
+compiles it for the model's vocabulary (and refuses, naming it, any schema keyword it cannot
+enforce).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+
+from specserve import json_depth
 
 KINDS = ("json", "json_object", "regex", "choice", "structural", "grammar")
 MAX_SPEC_CHARS = 1 << 16  # characters of a schema, regex or choice list (as JSON text)
@@ -50,6 +54,7 @@ class Structural:
             raise ValueError("structural.separator must be a string or None")
         if not isinstance(self.schema, dict):
             raise ValueError("structural.schema must be a JSON Schema object")
+        json_depth.check_value(self.schema, "structured_outputs.structural.schema")
         if self.triggered and not self.begin:
             raise ValueError("structural.begin must not be empty when triggered")
 
@@ -83,12 +88,14 @@ class StructuredOutputsParams:
             raise ValueError("structured_outputs must set exactly one of "
                              f"{', '.join(KINDS)}; got {given or 'none'}")
         if isinstance(self.json, str):
+            json_depth.check_text(self.json, "structured_outputs.json")
             try:
                 object.__setattr__(self, "json", json.loads(self.json))
             except ValueError as e:
                 raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
         if self.json is not None and not isinstance(self.json, (dict, bool)):
             raise ValueError("structured_outputs.json must be a JSON Schema (an object)")
+        json_depth.check_value(self.json, "structured_outputs.json")
         if self.regex is not None and not isinstance(self.regex, str):
             raise ValueError("structured_outputs.regex must be a string")
         if self.grammar is not None and not isinstance(self.grammar, str):

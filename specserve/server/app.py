@@ -16,10 +16,10 @@ bounds what a request may ask for (`limits.py`); `Admission` refuses work beyond
 bound with 429 (`admission.py`). Checking a body and preparing a request (template,
 tokenizing, compiling its grammar with the `GrammarCompiler` given, if any) run in the bounded
 `Intake` (`intake.py`), on worker threads, after a quick refusal when nothing more can be
-admitted, so a large body never holds up other streams or `/health`. A stream is read from the
-engine to its end whatever its client's pace (`ahead_of_client`): its admission hold ends when
-the engine is done with it, and a client that stops reading is dropped by the HTTP layer's
-write timeout (`http.py`).
+admitted, so a large body never holds up other streams or `/health`. A stream is paced by its
+client (`streams.py`): a client that stops reading has its engine request held, its slot
+given to others, and is dropped by the write timeout if it reads nothing more (`guard.py`,
+`http.py`).
 
 When the engine is dead (`EngineClient.dead_reason`: its thread died or a step hung; for
 replicas: none is live), every request, open or new, gets 503 `engine_dead` and `/health`
@@ -72,7 +72,8 @@ log = logging.getLogger("specserve.server")
 HEARTBEAT_S = 10.0  # a stream quiet this long (a long prefill) sends its wire's keep-alive
 STATIC = Path(__file__).with_name("static")  # the chat page at `/` (issue 17): plain HTML/CSS/JS
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
-                                           "frame-ancestors 'none'",
+                                           "frame-ancestors 'none'; base-uri 'none'; "
+                                           "form-action 'self'",
                 "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
 ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in [
     (400, "invalid request: malformed JSON, wrong type, out-of-range value, prompt or max_tokens "

@@ -82,8 +82,13 @@ class ServerConfig:
                                   "was sent unread before its connection is dropped and its "
                                   "request aborted")
     send_buffer_bytes: int = option(LIMITS.send_buffer_bytes, "the kernel's send buffer per "
-                                    "connection (SO_SNDBUF): what a client may leave unread "
-                                    "before the write timeout starts")
+                                    "connection (SO_SNDBUF): what a client may leave unread of "
+                                    "a response that is not streamed before the write timeout "
+                                    "starts")
+    max_unread_bytes: int = option(LIMITS.max_unread_bytes, "bytes a streaming client may "
+                                   "leave unread before its stream waits for it (its engine "
+                                   "request held, its slot to others) and the write timeout "
+                                   "starts")
     step_timeout: float = option(300.0, "seconds one engine step may take before the engine "
                                  "counts as dead (503 engine_dead, /health 503)")
 
@@ -133,4 +138,4 @@ class ServerConfig:
             allowed_hosts=hosts, max_connections=self.max_connections,
             keep_alive_s=self.keep_alive_timeout, header_timeout_s=self.header_timeout,
             body_timeout_s=self.body_timeout, write_timeout_s=self.write_timeout,
-            send_buffer_bytes=self.send_buffer_bytes)
+            send_buffer_bytes=self.send_buffer_bytes, max_unread_bytes=self.max_unread_bytes)

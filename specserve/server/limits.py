@@ -23,7 +23,10 @@ bounds of the API; a test keeps it in step):
   not arrived whole this long after its head gets 408 and is closed), `send_buffer_bytes`
   (the kernel's send buffer of each connection, fixed: what a client can leave unread before
   writing to it pauses), `write_timeout_s` (a connection whose writing stays paused this long,
-  its client reading nothing, is dropped, and its request aborted).
+  its client reading nothing, is dropped, and its request aborted), `max_unread_bytes` (what
+  a streaming client may leave unread, sent or waiting to be, before its stream waits for it:
+  its engine request is then held, its slot given to others, until it reads; one that reads
+  nothing for `write_timeout_s` more is dropped).
 """
 
 from __future__ import annotations
@@ -52,10 +55,11 @@ class ServerLimits:
     body_timeout_s: float = 30.0
     write_timeout_s: float = 30.0
     send_buffer_bytes: int = 256 << 10
+    max_unread_bytes: int = 32 << 10
 
     def __post_init__(self) -> None:
         counts = ("max_choices", "max_messages", "max_preparing", "retry_after_s",
-                  "max_connections", "send_buffer_bytes")
+                  "max_connections", "send_buffer_bytes", "max_unread_bytes")
         for name in counts + (("max_prompt_chars",) if self.max_prompt_chars is not None else ()):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -45,15 +45,17 @@ class GrammarCompiler(Protocol):
 
 @dataclass(frozen=True)
 class Job:
-    """One prompt of an API request, ready for the engine (which compiles its
-    `params.structured_outputs`: the server's compiler checked it and, sharing the engine's
-    cache, compiled it already). `tool_calls`: read tool calls out of the output in this
-    format (None: the output is plain text)."""
+    """One prompt of an API request, ready for the engine. `grammar`: its
+    `params.structured_outputs` compiled by the server's compiler, which the engine shares;
+    held here for the request's life, so that the engine finds this grammar for every engine
+    request of the job (every share of an `n` split) and never compiles it again. `tool_calls`:
+    read tool calls out of the output in this format (None: the output is plain text)."""
 
     prompt_ids: list[int]
     params: SamplingParams
     speculation: SpeculationOverride | None
     tool_calls: ToolParsing | None = None
+    grammar: object = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLim
         constraint = chat_constraint(req, tools.format, choice)
     except ValueError as e:
         raise field_error(e) from e
-    check_constraint(constraint, compiler)
+    grammar = check_constraint(constraint, compiler)
     texts = [m["content"] or "" for m in inputs.messages]
     check_chars(sum(map(len, texts)) + len(json.dumps(inputs.tools or [])), "messages", server)
     try:
@@ -115,7 +117,7 @@ def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLim
     if bound_max_tokens and max_tokens is not None:
         max_tokens = min(max_tokens, max(1, limits.max_model_len - len(ids)))
     job = _job(req, ids, "messages", max_tokens, param, logprobs, limits, constraint)
-    return [replace(job, tool_calls=parsing)]
+    return [replace(job, tool_calls=parsing, grammar=grammar)]
 
 
 def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelLimits,
@@ -126,7 +128,7 @@ def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelL
         constraint = completion_constraint(req)
     except ValueError as e:
         raise field_error(e) from e
-    check_constraint(constraint, compiler)
+    grammar = check_constraint(constraint, compiler)
     prompts = req.prompt
     if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
         prompts = [prompts]
@@ -138,18 +140,18 @@ def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelL
                if isinstance(prompt, str) else list(prompt))
         if any(t >= limits.vocab_size for t in ids):
             raise APIError(400, f"prompt: token ids must be < {limits.vocab_size}", param="prompt")
-        jobs.append(_job(req, ids, "prompt", req.max_tokens, "max_tokens", req.logprobs, limits,
-                         constraint))
+        jobs.append(replace(_job(req, ids, "prompt", req.max_tokens, "max_tokens", req.logprobs,
+                                 limits, constraint), grammar=grammar))
     return jobs
 
 
-def check_constraint(constraint: Constraint | None, compiler: GrammarCompiler | None) -> None:
-    """Compile a request's constraint (nothing without one or without a compiler); one the
-    compiler refuses is a 400 naming the field it came from."""
+def check_constraint(constraint: Constraint | None, compiler: GrammarCompiler | None) -> object:
+    """The compiled grammar of a request's constraint (None without one or without a
+    compiler); one the compiler refuses is a 400 naming the field it came from."""
     if constraint is None or compiler is None:
-        return
+        return None
     try:
-        compiler.compile(constraint.params)
+        return compiler.compile(constraint.params)
     except ValueError as e:
         raise APIError(400, f"{constraint.param}: {e}", param=constraint.param) from e
 

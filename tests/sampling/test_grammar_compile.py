@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 
+from specserve.json_depth import MAX_DEPTH, text_depth
 from specserve.sampling.grammar import GrammarCompiler
 from specserve.sampling.grammar_source import MAX_REGEX_SIZE, regex_size
 from specserve.sampling.structured import MAX_SPEC_CHARS, Structural, StructuredOutputsParams
@@ -67,17 +67,33 @@ def test_an_invalid_spec_is_a_value_error_naming_the_field(compiler, spec, words
                                                       "pattern": "^([a-f]{300}-){300}$"}}}},
     {"json": {"type": "object", "patternProperties": {"^(ab{100}){200}$": {}}}},
 ])
-def test_a_pathological_regex_is_refused_before_it_runs(compiler, spec):
-    start = time.perf_counter()
+def test_a_pathological_regex_is_refused_before_it_runs(compiler, spec, monkeypatch):
+    """Refused by its size alone: llguidance is never handed it (no clock involved)."""
+    from specserve.sampling import grammar, grammar_source
+
+    class Unreachable:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("the grammar reached llguidance")
+
+        grammar_from_regex = grammar_from_json_schema = grammar_from_lark = __init__
+
+    monkeypatch.setattr(grammar_source, "LLMatcher", Unreachable)
+    monkeypatch.setattr(grammar, "LLMatcher", Unreachable)
     assert "too large" in error_of(compiler, **spec)
-    assert time.perf_counter() - start < 1.0
 
 
-def test_a_schema_nested_past_the_librarys_depth_is_refused(compiler):
-    schema: dict = {"type": "string"}
-    for _ in range(200):
+def test_a_schema_at_the_nesting_bound_compiles_and_one_beyond_is_refused_before_it(compiler):
+    """The bound (`json_depth.MAX_DEPTH`) is below the library's own (its JSON parser stops at
+    128 levels of the grammar it is handed), so every schema within it can be enforced."""
+    schema: dict = {"type": "integer"}
+    for _ in range(MAX_DEPTH - 2):
         schema = {"type": "array", "items": schema}
-    assert "structured_outputs.json" in error_of(compiler, json=schema)
+    assert text_depth(json.dumps(schema)) == MAX_DEPTH - 1
+    compiler.compile(StructuredOutputsParams(json={"type": "array", "items": schema}))
+    for _ in range(2):
+        schema = {"type": "array", "items": schema}
+    assert error_of(compiler, json=schema).startswith(
+        "structured_outputs.json.items.items.items.items.items.items...: JSON nested more than")
 
 
 def test_a_spec_over_the_size_limit_is_refused():
