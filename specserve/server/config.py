@@ -56,6 +56,10 @@ class ServerConfig:
     max_slot_share: float = option(LIMITS.max_slot_share, "share of the sequence slots one "
                                    "request may hold at once")
     max_choices: int = option(LIMITS.max_choices, "prompts × n per request")
+    max_new_tokens: int | None = option(
+        LIMITS.max_new_tokens, "the most new tokens one completion gets: a request asking for "
+        "more, or for none, gets this many (as llama-server's -n; default: the room the "
+        "context leaves)")
     max_prompt_chars: int | None = option(
         LIMITS.max_prompt_chars, "characters of prompt text per request, checked before "
         "tokenizing (default: the context length times the longest token's characters, the "
@@ -138,4 +142,5 @@ class ServerConfig:
             allowed_hosts=hosts, max_connections=self.max_connections,
             keep_alive_s=self.keep_alive_timeout, header_timeout_s=self.header_timeout,
             body_timeout_s=self.body_timeout, write_timeout_s=self.write_timeout,
-            send_buffer_bytes=self.send_buffer_bytes, max_unread_bytes=self.max_unread_bytes)
+            send_buffer_bytes=self.send_buffer_bytes, max_unread_bytes=self.max_unread_bytes,
+            max_new_tokens=self.max_new_tokens)

@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 FLAGS = ("max_request_bytes", "max_connections", "keep_alive_timeout", "header_timeout",
          "body_timeout", "write_timeout", "send_buffer_bytes", "max_unread_bytes",
          "max_preparing", "max_waiting",
-         "max_choices", "max_messages", "max_prompt_chars", "max_slot_share", "request_timeout",
+         "max_new_tokens", "max_choices", "max_messages", "max_prompt_chars", "max_slot_share", "request_timeout",
          "step_timeout", "shutdown_timeout")
 # (model, field, the JSON schema keyword that bounds it, the field as a client writes it, what)
 REQUEST = (

@@ -116,7 +116,8 @@ def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLim
         frozenset(allowed_names(req, choice)))
     if bound_max_tokens and max_tokens is not None:
         max_tokens = min(max_tokens, max(1, limits.max_model_len - len(ids)))
-    job = _job(req, ids, "messages", max_tokens, param, logprobs, limits, constraint)
+    job = _job(req, ids, "messages", max_tokens, param, logprobs, limits, constraint,
+               server.max_new_tokens)
     return [replace(job, tool_calls=parsing, grammar=grammar)]
 
 
@@ -141,7 +142,7 @@ def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelL
         if any(t >= limits.vocab_size for t in ids):
             raise APIError(400, f"prompt: token ids must be < {limits.vocab_size}", param="prompt")
         jobs.append(replace(_job(req, ids, "prompt", req.max_tokens, "max_tokens", req.logprobs,
-                                 limits, constraint), grammar=grammar))
+                                 limits, constraint, server.max_new_tokens), grammar=grammar))
     return jobs
 
 
@@ -185,7 +186,8 @@ def _encode(tokenizer: Tokenizer, text: str, param: str, parse_special: bool) ->
 
 def _job(req: SamplingFields, ids: list[int], prompt_param: str, max_tokens: int | None,
          max_param: str, logprobs: int | None, limits: ModelLimits,
-         constraint: Constraint | None = None) -> Job:
+         constraint: Constraint | None = None, cap: int | None = None) -> Job:
+    """`cap`: the server's `max_new_tokens` (None: none)."""
     ctx = limits.max_model_len
     if not ids:
         raise APIError(400, f"{prompt_param}: the prompt is empty", param=prompt_param)
@@ -193,8 +195,12 @@ def _job(req: SamplingFields, ids: list[int], prompt_param: str, max_tokens: int
         raise APIError(400, f"{prompt_param}: the prompt has {len(ids)} tokens; this model's context "
                        f"is {ctx} tokens, with room for at least one new token needed",
                        param=prompt_param, code="context_length_exceeded")
+    if cap is not None:
+        max_tokens = cap if max_tokens is None else min(max_tokens, cap)
     if max_tokens is None:
         max_tokens = ctx - len(ids)
+    elif len(ids) + max_tokens > ctx and cap is not None and max_tokens == cap:
+        max_tokens = ctx - len(ids)  # the server's own bound never refuses a request
     elif len(ids) + max_tokens > ctx:
         raise APIError(400, f"{max_param}: {max_tokens} new tokens do not fit: the prompt has "
                        f"{len(ids)} tokens and this model's context is {ctx} tokens (at most "
