@@ -51,7 +51,7 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
         check_regex(spec.regex, "structured_outputs.regex")
         return LLMatcher.grammar_from_regex(spec.regex)
     if spec.choice is not None:
-        return LLMatcher.grammar_from_lark("start: " + " | ".join(map(_literal, spec.choice)))
+        return LLMatcher.grammar_from_lark("start: " + " | ".join(map(lark_literal, spec.choice)))
     if spec.grammar is not None:
         return LLMatcher.grammar_from_lark(spec.grammar)
     return LLMatcher.grammar_from_lark(structural_lark(spec.structural))
@@ -108,19 +108,20 @@ def structural_lark(s: Structural) -> str:
     value = json_rule(s.schema, "structured_outputs.structural.schema")
     body = "value"
     if s.separator is not None:
-        body = f"value ({_literal(s.separator)} value)*" if s.separator else "value+"
+        body = f"value ({lark_literal(s.separator)} value)*" if s.separator else "value+"
     if s.end:
-        body += f" {_literal(s.end)}"
+        body += f" {lark_literal(s.end)}"
     if s.triggered:
         start = (f"start: TEXT | head {body}\n"
-                 f"head[lazy]: TEXT {_literal(s.begin)}\n"
+                 f"head[lazy]: TEXT {lark_literal(s.begin)}\n"
                  "TEXT: /(?s:.*)/\n")
     else:
-        start = f"start: {_literal(s.begin) if s.begin else ''} {body}\n"
+        start = f"start: {lark_literal(s.begin) if s.begin else ''} {body}\n"
     return f"%llguidance {{}}\n{start}value: {value}\n"
 
 
-def _literal(text: str) -> str:
+def lark_literal(text: str) -> str:
+    """`text` as a Lark string literal."""
     return json.dumps(text, ensure_ascii=False)
 
 

@@ -20,7 +20,8 @@ import json
 
 from specserve.engine.outputs import CompletionDelta, RequestOutput
 from specserve.server import sse
-from specserve.server.apis.output import Call, OutputReader, Text, ending, new_id
+from specserve.server.apis.output import (Call, OutputReader, ending, new_id, render,
+                                          render_step)
 from specserve.server.errors import APIError, anthropic_body
 from specserve.server.responses import speculative_stats
 from specserve.server.tool_calls.parser import ToolParsing
@@ -47,11 +48,7 @@ class MessagesRenderer:
         return [_event("ping")]
 
     def step(self, index: int, deltas: list[CompletionDelta]) -> list[str]:
-        """The events of one engine step (one prompt, n = 1: at most one delta)."""
-        return [e for delta in deltas for e in self._step(delta)]
-
-    def _step(self, delta: CompletionDelta) -> list[str]:
-        return self._blocks(self.reader.feed(delta.text, delta.finish_reason is not None))
+        return render_step(self.reader, deltas, self._text, self._call)
 
     def close(self, outputs: list[RequestOutput], last: list[str]) -> list[str]:
         """`last`: the events of the last step, which come first."""
@@ -70,7 +67,7 @@ class MessagesRenderer:
     # ---------------------------------------------------------------- whole
     def body(self, outputs: list[RequestOutput]) -> dict:
         (output,) = outputs
-        self._blocks(self.reader.feed(output.outputs[0].text, final=True))
+        render(self.reader.feed(output.outputs[0].text, final=True), self._text, self._call)
         self._close_text()
         body = self.message(*self._stop(output), _usage(output))
         body["speculative_stats"] = self._stats(output)
@@ -82,12 +79,6 @@ class MessagesRenderer:
                 "stop_sequence": stop_sequence, "usage": usage}
 
     # ---------------------------------------------------------------- blocks
-    def _blocks(self, items: list[Text | Call]) -> list[str]:
-        events: list[str] = []
-        for item in items:
-            events += self._text(item.text) if isinstance(item, Text) else self._call(item)
-        return events
-
     def _text(self, text: str) -> list[str]:
         events = []
         if not self.open:

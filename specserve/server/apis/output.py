@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import Callable
 
-from specserve.engine.outputs import CompletionOutput
+from specserve.engine.outputs import CompletionDelta, CompletionOutput
 from specserve.server.tool_calls.parser import ToolParsing
 
 
@@ -56,6 +57,22 @@ class OutputReader:
                 del self._open[event[1]]
                 _add_text(items, event[2])
         return items
+
+
+def render(items: list[Text | Call], text: Callable[[str], list[str]],
+           call: Callable[[Call], list[str]]) -> list[str]:
+    """The events of `items`, each by its wire's `text` or `call`."""
+    events: list[str] = []
+    for item in items:
+        events += text(item.text) if isinstance(item, Text) else call(item)
+    return events
+
+
+def render_step(reader: OutputReader, deltas: list[CompletionDelta],
+                text: Callable[[str], list[str]], call: Callable[[Call], list[str]]) -> list[str]:
+    """The events of one engine step's deltas (one prompt, n = 1: at most one)."""
+    return [e for d in deltas for e in render(reader.feed(d.text, d.finish_reason is not None),
+                                              text, call)]
 
 
 def _add_text(items: list[Text | Call], text: str) -> None:

@@ -23,7 +23,8 @@ import time
 
 from specserve.engine.outputs import CompletionDelta, RequestOutput
 from specserve.server import sse
-from specserve.server.apis.output import Call, OutputReader, Text, ending, new_id
+from specserve.server.apis.output import (Call, OutputReader, ending, new_id, render,
+                                          render_step)
 from specserve.server.apis.responses_request import ResponsesRequest, ToolNames
 from specserve.server.errors import APIError
 from specserve.server.responses import speculative_stats
@@ -54,11 +55,7 @@ class ResponsesRenderer:
         return [self._event("response.in_progress", response=self.response("in_progress"))]
 
     def step(self, index: int, deltas: list[CompletionDelta]) -> list[str]:
-        """The events of one engine step (one prompt, n = 1: at most one delta)."""
-        return [e for delta in deltas for e in self._step(delta)]
-
-    def _step(self, delta: CompletionDelta) -> list[str]:
-        return self._items(self.reader.feed(delta.text, delta.finish_reason is not None))
+        return render_step(self.reader, deltas, self._text, self._call)
 
     def close(self, outputs: list[RequestOutput], last: list[str]) -> list[str]:
         """`last`: the events of the last step, which come first."""
@@ -81,17 +78,11 @@ class ResponsesRenderer:
     # ---------------------------------------------------------------- whole
     def body(self, outputs: list[RequestOutput]) -> dict:
         (output,) = outputs
-        self._items(self.reader.feed(output.outputs[0].text, final=True))
+        render(self.reader.feed(output.outputs[0].text, final=True), self._text, self._call)
         self.close([output], [])
         return self.response(*self._status(output), output=output)
 
     # ---------------------------------------------------------------- items
-    def _items(self, items: list[Text | Call]) -> list[str]:
-        events: list[str] = []
-        for item in items:
-            events += self._text(item.text) if isinstance(item, Text) else self._call(item)
-        return events
-
     def _text(self, text: str) -> list[str]:
         events = []
         if self.message is None:

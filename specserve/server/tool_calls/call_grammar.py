@@ -24,7 +24,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from specserve.sampling.grammar_source import json_rule
+from specserve.sampling.grammar_source import json_rule, lark_literal
 from specserve.server.tool_calls.families import CallForm, ToolFormat
 
 ANY_OBJECT = {"type": "object", "additionalProperties": True}
@@ -92,7 +92,7 @@ def _call_rules(functions: list[Function], arguments_key: str) -> list[str]:
     for i, f in enumerate(functions):
         head = f"{json.dumps(f.name)}, {json.dumps(arguments_key)}: "
         schema = ANY_OBJECT if f.parameters is None else without_annotations(f.parameters)
-        lines.append(f'fn{i}: {_literal(head)} args{i} "}}"')
+        lines.append(f'fn{i}: {lark_literal(head)} args{i} "}}"')
         lines.append(f"args{i}: {json_rule(schema, f'tools[{f.name}].parameters', not f.strict)}")
     lines.append("named: " + " | ".join(f"fn{i}" for i in range(len(functions))))
     return lines
@@ -105,12 +105,12 @@ def _body(form: CallForm, parallel: bool) -> str:
 
 
 def _block(begin: str, first: str, separator: str | None, end: str) -> str:
-    parts = [_literal(begin)] if begin else []
+    parts = [lark_literal(begin)] if begin else []
     parts.append(first)
     if separator is not None:
-        parts.append(f"({_literal(separator)} call)*")
+        parts.append(f"({lark_literal(separator)} call)*")
     if end:
-        parts.append(_literal(end))
+        parts.append(lark_literal(end))
     return " ".join(parts)
 
 
@@ -132,7 +132,3 @@ def without_annotations(schema: object) -> object:
         elif key not in ANNOTATIONS:
             out[key] = without_annotations(value)
     return out
-
-
-def _literal(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
