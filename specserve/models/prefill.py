@@ -17,7 +17,9 @@ position), and neither path lets the other rows change a row's arithmetic:
   blocks);
 - `prefill_attention` attends in key blocks of `KV_BLOCK` positions at fixed absolute offsets
   (the last one padded to full width and masked), one flash-attention call per block over the
-  rows that reach it, and merges the blocks in order by their log-sum-exp, in float32.
+  rows that reach it (padded to a multiple of `Q_TILE`: a call's last few query rows would
+  otherwise take a kernel of other bits), and merges the blocks in order by their
+  log-sum-exp, in float32.
 tests/models/test_prefill_path.py checks both on the machine it runs on.
 """
 
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 PROJECTIONS = ("qkv", "o", "gate_up", "down")  # a decoder layer's projections, in pass order
 ROW_TILE = 16  # a dense projection's rows are padded to a multiple of this
 KV_BLOCK = 512  # positions per key block of `prefill_attention` (from position 0 on)
+Q_TILE = 32  # a flash-attention call's query rows are padded to a multiple of this
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
@@ -137,13 +140,20 @@ def attention_masks(start: int, n: int, group: int) -> list[torch.Tensor]:
     end = start + n
     pos = torch.arange(start, end)  # [n]
     whole = start // KV_BLOCK  # blocks 0..whole-1 lie wholly before start: every row sees them
-    masks = [torch.zeros((1, 1, group * n, KV_BLOCK), dtype=torch.bfloat16)] * whole
+    masks = [torch.zeros((1, 1, _padded(group * n), KV_BLOCK), dtype=torch.bfloat16)] * whole
     for j in range(whole, -(-end // KV_BLOCK)):
         lo = max(0, j * KV_BLOCK - start)  # the first row reaching block j
         keys = torch.arange(j * KV_BLOCK, (j + 1) * KV_BLOCK)  # [KV_BLOCK]
         m = torch.where(keys[None, :] <= pos[lo:, None], 0.0, float("-inf"))  # [r, KV_BLOCK]
-        masks.append(m.to(torch.bfloat16).repeat(group, 1)[None, None])
+        m = m.to(torch.bfloat16).repeat(group, 1)  # [group · r, KV_BLOCK]
+        padded = torch.zeros((1, 1, _padded(m.shape[0]), KV_BLOCK), dtype=torch.bfloat16)
+        padded[0, 0, :m.shape[0]] = m  # the padding rows see every key (no empty softmax)
+        masks.append(padded)
     return masks
+
+
+def _padded(rows: int) -> int:
+    return -(-rows // Q_TILE) * Q_TILE
 
 
 def prefill_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
@@ -170,10 +180,12 @@ def prefill_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
         lo = max(0, j * KV_BLOCK - start)
         r = n - lo
         keep = slice(j * KV_BLOCK, (j + 1) * KV_BLOCK)
-        out, lse = _flash(qh[:, :, lo:].reshape(1, kv_heads, group * r, hd), keys[:, :, keep],
-                          values[:, :, keep], attn_mask=masks[j], scale=scale)
-        outs.append(out.reshape(kv_heads, group, r, hd).float())
-        lses.append(lse.reshape(kv_heads, group, r))
+        queries = torch.zeros((1, kv_heads, _padded(group * r), hd), dtype=torch.bfloat16)
+        queries[0, :, :group * r] = qh[:, :, lo:].reshape(kv_heads, group * r, hd)
+        out, lse = _flash(queries, keys[:, :, keep], values[:, :, keep], attn_mask=masks[j],
+                          scale=scale)
+        outs.append(out[0, :, :group * r].reshape(kv_heads, group, r, hd).float())
+        lses.append(lse[0, :, :group * r].reshape(kv_heads, group, r))
     return _merge(outs, lses, n).permute(2, 0, 1, 3).reshape(n, heads, hd)
 
 

@@ -69,13 +69,12 @@ def _others(rows: torch.Tensor, total: int) -> torch.Tensor | None:
     return keep.nonzero().flatten() if bool(keep.any()) else None
 
 
-def prefill_layers(model, lib, x: torch.Tensor, batch, bufs, cos: torch.Tensor,
-                   sin: torch.Tensor, cache: KVCache, step: int, index: KVIndex,
-                   scale: float) -> None:
+def prefill_layers(model, path: PrefillPath, lib, x: torch.Tensor, batch, bufs,
+                   cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, step: int,
+                   index: KVIndex, scale: float) -> None:
     """Every layer of `model` over the residual stream `x` `[rows, hidden]` (in place), prompt
-    rows on `model.prefill`'s path; arguments as `Transformer._layer_calls` takes them."""
+    rows on `path`; the other arguments as `Transformer._layer_calls` takes them."""
     c = model.cfg
-    path: PrefillPath = model.prefill
     split = RowSplit.of(batch, path.choice.attention_from, c.num_heads // c.num_kv_heads)
     rows, hidden = x.shape
     eps = ctypes.c_float(c.rms_norm_eps)

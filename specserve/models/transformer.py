@@ -166,14 +166,8 @@ class Transformer:
         self.pass_profile: torch.Tensor | None = None
         # (layer index, projection attribute) → that projection's float weights [out, in] as
         # the source file dequantizes them (set by the loader for quantized models; None: the
-        # projections are what they are), and the prefill path made from them (`use_prefill`)
+        # projections are what they are): what a prefill path is made from
         self.dense_weights = None
-        self.prefill: PrefillPath | None = None
-
-    def use_prefill(self, path: PrefillPath | None) -> None:
-        """Run prompt rows (`ForwardBatch.prefill`) of passes on the native glue through
-        `path` (None, or a choice of nothing: every row as before)."""
-        self.prefill = path if path is not None and path.choice.active else None
 
     def new_pool(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  dtype: torch.dtype = ATTN_DTYPE) -> KVCache:
@@ -212,15 +206,20 @@ class Transformer:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=self.embed.dtype).to(x.dtype)
         return x
 
-    def hidden_states(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def hidden_states(self, batch: ForwardBatch, cache: KVCache,
+                      prefill: PrefillPath | None = None) -> torch.Tensor:
         """Run the decoder over `batch`, writing its keys/values into `cache`. Returns the final
-        normalised hidden states `[rows, hidden]`."""
+        normalised hidden states `[rows, hidden]`. `prefill`: the path the batch's prompt rows
+        (`ForwardBatch.prefill`) take on the native glue (None: the int4 kernels', as every
+        other row's)."""
         c = self.cfg
         tables = batch.block_tables  # [num_seqs, max_blocks]
         ropes = self._layer_ropes(batch.positions)
         x = self._embed(batch.tokens)  # [rows, hidden]
         lib = kernels.attention() if self._native_layers(x) else None
         if lib is not None:
+            if prefill is not None and prefill.choice.active and batch.prefill:
+                return self._native_pass(lib, x, batch, tables, *ropes[0], cache, prefill)
             return self._native_pass(lib, x, batch, tables, *ropes[0], cache)
         block_of = tables[batch.row_seq.long(), batch.positions // cache.block_size]  # [rows]
         slot_mapping = block_of.long() * cache.block_size + batch.positions % cache.block_size
@@ -291,7 +290,8 @@ class Transformer:
         return self._plan[1]
 
     def _native_pass(self, lib, x: torch.Tensor, batch: ForwardBatch, tables: torch.Tensor,
-                     cos: torch.Tensor, sin: torch.Tensor, cache: KVCache) -> torch.Tensor:
+                     cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+                     prefill: PrefillPath | None = None) -> torch.Tensor:
         """`hidden_states` on the native glue (`specserve/kernels/attention.c`): the same
         arithmetic per row as the PyTorch path's rotary embedding and attention, its own
         fixed-order RMSNorm and SiLU. The whole pass is one call (`decoder_pass`) where every
@@ -314,8 +314,9 @@ class Transformer:
                         pos32.data_ptr())
         step = cache.keys[0].numel() * cache.keys.element_size()  # bytes of one layer's pool
         out = torch.empty_like(x)  # [rows, hidden]
-        if self.prefill is not None and batch.prefill:
-            prefill_layers(self, lib, x, batch, bufs, cos, sin, cache, step, index, scale)
+        if prefill is not None:
+            prefill_layers(self, prefill, lib, x, batch, bufs, cos, sin, cache, step, index,
+                           scale)
             return self._final_norm(lib, x, out)
         plan = self._decoder_plan()
         if plan is not None:
@@ -388,10 +389,11 @@ class Transformer:
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def forward(self, batch: ForwardBatch, cache: KVCache, last_n: list[int] | None = None,
-                head=None) -> list[torch.Tensor]:
+                head=None, prefill: PrefillPath | None = None) -> list[torch.Tensor]:
         """Logits of the last `last_n[seq]` rows of each sequence (default: all its rows;
-        0: none): a list of `[n_seq, vocab]` float32 tensors (`head`: see `logits`)."""
-        hidden = self.hidden_states(batch, cache)  # [rows, hidden]
+        0: none): a list of `[n_seq, vocab]` float32 tensors (`head`: see `logits`;
+        `prefill`: see `hidden_states`)."""
+        hidden = self.hidden_states(batch, cache, prefill)  # [rows, hidden]
         wanted = last_n if last_n is not None else batch.lengths
         picks, end = [], 0
         for n, m in zip(batch.lengths, wanted):
