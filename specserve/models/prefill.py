@@ -120,16 +120,20 @@ class DenseProjection:
     def nbytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """`x` `[rows, in]` → `[rows, out]` float32."""
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """`x` `[rows, in]` → `[rows, out]` float32 (written into `out` where given)."""
         rows = x.shape[0]
-        padded = torch.zeros((-(-rows // ROW_TILE) * ROW_TILE, self.in_features),
-                             dtype=torch.bfloat16)  # [rows rounded up, in]
-        padded[:rows] = x
-        y = F.linear(padded, self.weight)[:rows].float()  # [rows, out]
+        if rows % ROW_TILE:
+            padded = torch.zeros((-(-rows // ROW_TILE) * ROW_TILE, self.in_features),
+                                 dtype=torch.bfloat16)  # [rows rounded up, in]
+            padded[:rows] = x
+        else:
+            padded = x.to(torch.bfloat16)
+        y = F.linear(padded, self.weight)[:rows]  # [rows, out] bfloat16
+        out = y.float() if out is None else out.copy_(y)
         if self.bias is not None:
-            y += self.bias
-        return y
+            out += self.bias
+        return out
 
 
 def attention_masks(start: int, n: int, group: int) -> list[torch.Tensor]:
@@ -175,14 +179,15 @@ def prefill_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     ids = blocks[:-(-end // bs)].long()
     keys, values = (_gathered(pool, ids, end, num * KV_BLOCK) for pool in (k_pool, v_pool))
     qh = q.to(torch.bfloat16).reshape(n, kv_heads, group, hd).permute(1, 2, 0, 3)  # [kv, g, n, hd]
-    outs, lses = [], []
+    outs, lses, made = [], [], {}
     for j in range(num):
         lo = max(0, j * KV_BLOCK - start)
         r = n - lo
         keep = slice(j * KV_BLOCK, (j + 1) * KV_BLOCK)
-        queries = torch.zeros((1, kv_heads, _padded(group * r), hd), dtype=torch.bfloat16)
-        queries[0, :, :group * r] = qh[:, :, lo:].reshape(kv_heads, group * r, hd)
-        out, lse = _flash(queries, keys[:, :, keep], values[:, :, keep], attn_mask=masks[j],
+        if lo not in made:  # the rows reaching block j, padded (blocks before start share them)
+            made[lo] = torch.zeros((1, kv_heads, _padded(group * r), hd), dtype=torch.bfloat16)
+            made[lo][0, :, :group * r] = qh[:, :, lo:].reshape(kv_heads, group * r, hd)
+        out, lse = _flash(made[lo], keys[:, :, keep], values[:, :, keep], attn_mask=masks[j],
                           scale=scale)
         outs.append(out[0, :, :group * r].reshape(kv_heads, group, r, hd).float())
         lses.append(lse[0, :, :group * r].reshape(kv_heads, group, r))
@@ -193,8 +198,9 @@ def _gathered(pool: torch.Tensor, ids: torch.Tensor, end: int, width: int) -> to
     """Positions 0..end-1 of a sequence from one layer's pool, as `[1, kv_heads, width, hd]`
     bfloat16 (zeros past `end`)."""
     kv_heads, hd = pool.shape[1], pool.shape[3]
-    out = torch.zeros((1, kv_heads, width, hd), dtype=torch.bfloat16)
+    out = torch.empty((1, kv_heads, width, hd), dtype=torch.bfloat16)
     out[0, :, :end] = pool[ids].transpose(0, 1).reshape(kv_heads, -1, hd)[:, :end]
+    out[0, :, end:] = 0
     return out
 
 

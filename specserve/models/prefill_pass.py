@@ -102,7 +102,7 @@ def _project(dense, native, x: torch.Tensor, out: torch.Tensor, split: RowSplit)
     if dense is None:
         return native.into(x, out)
     if split.other is None:
-        return out.copy_(dense(x))
+        return dense(x, out)
     out[split.prompt] = dense(x[split.prompt])
     out[split.other] = native(x[split.other])
     return out
@@ -122,13 +122,17 @@ def _attend(model, lib, layer: int, qkv: torch.Tensor, out: torch.Tensor, batch,
                                      *_where(index, scale, out)), "rope_store_attend")
         return
     rows = split.attend
-    q, k, v = qkv[rows].split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
-    cs, sn = cos[rows][:, None], sin[rows][:, None]  # [a, 1, hd]
+    every = split.glue is None  # a pass of prompt rows alone: views, no gathers
+    q, k, v = (qkv if every else qkv[rows]).split([heads * hd, kv_heads * hd, kv_heads * hd],
+                                                  dim=-1)
+    cs, sn = ((cos, sin) if every else (cos[rows], sin[rows]))
+    cs, sn = cs[:, None], sn[:, None]  # [a, 1, hd]
     q = _rope(q.reshape(-1, heads, hd), cs, sn)  # [a, heads, hd]
     k = _rope(k.reshape(-1, kv_heads, hd), cs, sn)  # [a, kv_heads, hd]
     tables = batch.block_tables
-    pos = batch.positions[rows]
-    block_of = tables[batch.row_seq[rows].long(), pos // cache.block_size].long()
+    pos = batch.positions if every else batch.positions[rows]
+    seqs = batch.row_seq if every else batch.row_seq[rows]
+    block_of = tables[seqs.long(), pos // cache.block_size].long()
     cache.write(layer, block_of * cache.block_size + pos % cache.block_size, k,
                 v.reshape(-1, kv_heads, hd))
     if split.glue is not None:  # the other rows store theirs and attend on the native glue
@@ -137,7 +141,10 @@ def _attend(model, lib, layer: int, qkv: torch.Tensor, out: torch.Tensor, batch,
     for seg in split.segments:
         attn = prefill_attention(q[seg.rows], cache.keys[layer], cache.values[layer],
                                  tables[seg.seq], seg.start, scale, seg.masks)
-        out[rows[seg.rows]] = attn.reshape(-1, heads * hd)
+        if every:
+            out[seg.rows] = attn.reshape(-1, heads * hd)
+        else:
+            out[rows[seg.rows]] = attn.reshape(-1, heads * hd)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
