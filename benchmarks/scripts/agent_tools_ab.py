@@ -13,8 +13,10 @@ turn, as an agent does (`tool_choice` "required" by default: the sessions ask fo
 turn). In a round every server runs `clients` sessions at once (each client its own variant,
 the same variants on every server), servers in rotated order; a warm-up round per server is not counted. Per
 server: end-to-end seconds of a round, TTFT per request, and the share of tool calls that
-parse and validate against the tool's schema. A server's speed-up is the median over rounds of
-the baseline server's round time over its own (`--baseline`, default the first).
+parse and validate against the tool's schema, and the share of the round's prompt tokens its
+prefix cache served (from the server's `/metrics`; llama-server has none: blank). A server's
+speed-up is the median over rounds of the baseline server's round time over its own
+(`--baseline`, default the first).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import random
 import statistics
 import threading
 import time
+import urllib.request
 
 from openai import OpenAI
 
@@ -139,9 +142,29 @@ def session(port: int, model: str, name: str, index: int, max_tokens: int, choic
     return out
 
 
+def prompt_counters(port: int) -> tuple[float, float] | None:
+    """(prompt tokens served from the prefix cache, prompt tokens computed) so far, from the
+    server's /metrics; None where it has no such counters."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    except OSError:
+        return None
+    values = {}
+    for line in text.decode().splitlines():
+        name, _, rest = line.partition("{")
+        if name in ("specserve:prefix_cache_hit_tokens_total",
+                    "specserve:prompt_tokens_computed_total"):
+            values[name] = values.get(name, 0.0) + float(rest.rsplit(" ", 1)[-1])
+    if len(values) != 2:
+        return None
+    return (values["specserve:prefix_cache_hit_tokens_total"],
+            values["specserve:prompt_tokens_computed_total"])
+
+
 def one_round(port: int, model: str, clients: int, first_index: int, max_tokens: int,
               choice: str) -> dict:
     results: list = [None] * clients
+    before = prompt_counters(port)
 
     def run(i: int) -> None:
         index = first_index + i
@@ -155,9 +178,14 @@ def one_round(port: int, model: str, clients: int, first_index: int, max_tokens:
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    after = prompt_counters(port)
+    hits = None if before is None or after is None else (after[0] - before[0],
+                                                          after[1] - before[1])
     return {"wall": wall, "ttft": [x for r in results for x in r["ttft"] if x is not None],
             "requests": sum(r["requests"] for r in results),
-            "calls": sum(r["calls"] for r in results), "valid": sum(r["valid"] for r in results)}
+            "calls": sum(r["calls"] for r in results), "valid": sum(r["valid"] for r in results),
+            "prefix_hit_tokens": None if hits is None else hits[0],
+            "prompt_tokens_computed": None if hits is None else hits[1]}
 
 
 def main() -> None:
@@ -195,14 +223,24 @@ def main() -> None:
     baseline = args.baseline or names[0]
     base = rows[baseline]
     print(f"\n| server | clients | median round s | speed-up over {baseline} | p50 TTFT s | "
-          "tool calls valid |\n|---|---|---|---|---|---|")
+          "tool calls valid | prefix-cache hits |\n|---|---|---|---|---|---|---|")
     for n in names:
         ratio = statistics.median(b["wall"] / x["wall"] for b, x in zip(base, rows[n]))
         ttft = statistics.median(t for x in rows[n] for t in x["ttft"])
         calls, valid = sum(x["calls"] for x in rows[n]), sum(x["valid"] for x in rows[n])
         requests = sum(x["requests"] for x in rows[n])
         print(f"| {n} | {args.clients} | {statistics.median(x['wall'] for x in rows[n]):.1f} | "
-              f"{ratio:.2f}x | {ttft:.2f} | {valid}/{requests} ({calls} calls) |")
+              f"{ratio:.2f}x | {ttft:.2f} | {valid}/{requests} ({calls} calls) | "
+              f"{hit_share(rows[n])} |")
+
+
+def hit_share(rounds: list[dict]) -> str:
+    """The prompt tokens the prefix cache served over all prompt tokens, over the rounds."""
+    if any(r["prefix_hit_tokens"] is None for r in rounds):
+        return ""
+    hits = sum(r["prefix_hit_tokens"] for r in rounds)
+    total = hits + sum(r["prompt_tokens_computed"] for r in rounds)
+    return f"{hits / total:.1%} of {total:.0f}" if total else ""
 
 
 if __name__ == "__main__":

@@ -79,10 +79,14 @@ def main() -> None:
                    kv_cache_memory=1 << 30)
     llms = {"native": LLM(args.model, prefill_path="native", **options)}
     target = llms["native"].target
+    start = time.perf_counter()  # the start-up's dense copies: the whole model dequantized once
     llms["onednn"] = LLM(target, prefill_path="onednn", **options)
+    record({"onednn_startup_s": time.perf_counter() - start})
     if not args.no_auto:
+        start = time.perf_counter()
         auto = LLM(target, prefill_path="auto", **options)
-        record({"auto": auto.engine.runner.prefill.label()})
+        record({"auto": auto.engine.runner.prefill.label(),
+                "auto_startup_s": time.perf_counter() - start})
         del auto
     params = SamplingParams(temperature=0.0, max_tokens=1)
     times: dict = {(p, n): [] for p in PATHS for n in lengths}

@@ -111,9 +111,11 @@ def first_logprobs(pair, path: str) -> dict:
     return out.logprobs[0]
 
 
-def test_the_engine_takes_the_path_it_reports(int4_pair, tmp_path):
+def test_the_engine_takes_the_path_it_reports(int4_pair, tmp_path, caplog):
     trace = tmp_path / "trace.jsonl"
-    llm = make_llm(int4_pair, "plain", "onednn", trace_steps=str(trace))
+    with caplog.at_level("INFO", logger="specserve.engine"):
+        llm = make_llm(int4_pair, "plain", "onednn", trace_steps=str(trace))
+    assert f"prefill path: {ONEDNN.label()}; dense bf16 copies" in caplog.text  # start-up line
     assert llm.engine.runner.prefill == ONEDNN
     stats = llm.engine.stats()
     assert dict(stats.prefill_onednn) == {p: True for p in (*PROJECTIONS, "attention")}
