@@ -12,7 +12,10 @@ start-up on the machine itself, never by CPU name.
   timed together (not per row count: a prompt's keys must not depend on how it was cut into
   chunks). Attention takes oneDNN from a position on, where it was faster at every context
   timed from there up. Where oneDNN is slower at everything, nothing changes and no dense
-  weights are made.
+  weights are made. The choice is made once per loaded model: every later engine over the
+  same model in this process takes it as it stands (timings are noisy where two paths are
+  close, and engines over one model, e.g. target-only and speculative, must prefill a prompt
+  through the same path).
 
 The dense weights of the projections chosen (bfloat16, from the file's own dequantization)
 cost 2 bytes per weight beside the int4 ones. Why: docs/design.md, "Prefill on oneDNN".
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from functools import partial
 
@@ -37,6 +41,7 @@ log = logging.getLogger("specserve.engine")
 PREFILL_PATHS = ("auto", "onednn", "native")
 ATTENTION_CONTEXTS = (1024, 8192, 16384)  # contexts the attention paths are timed at
 REPEATS = 3
+_CHOSEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → its auto choice
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +78,9 @@ def choose(model, option: str, chunk_rows: int, max_len: int, kv_dtype: torch.dt
            patience_s: float = CALIBRATION_PATIENCE_S) -> PrefillChoice:
     """The prefill choice `option` gives `model` (a `Transformer`) here; "auto" times the
     paths at `chunk_rows` (the engine's step budget) and a quarter of it, attention at the
-    `ATTENTION_CONTEXTS` up to `max_len`, with pools of `kv_dtype`. A model without the
-    native glue and int4 projections has no prefill path: "native" for it, and "onednn" is
-    an error."""
+    `ATTENTION_CONTEXTS` up to `max_len`, with pools of `kv_dtype`, the first time it is asked
+    for `model`, and returns that choice every later time. A model without the native glue
+    and int4 projections has no prefill path: "native" for it, and "onednn" is an error."""
     if option not in PREFILL_PATHS:
         raise ValueError(f"prefill_path must be one of {PREFILL_PATHS}, got {option!r}")
     if option == "native":
@@ -87,11 +92,14 @@ def choose(model, option: str, chunk_rows: int, max_len: int, kv_dtype: torch.dt
         return NATIVE
     if option == "onednn":
         return ONEDNN
-    timings, disturbed = measure(model, chunk_rows, max_len, kv_dtype, patience_s)
-    if disturbed:
-        log.warning("other work on this machine disturbed the prefill paths' timed runs; "
-                    "the choice stands on them as they are")
-    return decide(timings)
+    chosen = _CHOSEN.get(model)
+    if chosen is None:
+        timings, disturbed = measure(model, chunk_rows, max_len, kv_dtype, patience_s)
+        if disturbed:
+            log.warning("other work on this machine disturbed the prefill paths' timed runs; "
+                        "the choice stands on them as they are")
+        chosen = _CHOSEN[model] = decide(timings)
+    return chosen
 
 
 def has_prefill_path(model) -> bool:
@@ -125,7 +133,7 @@ def measure(model, chunk_rows: int, max_len: int, kv_dtype: torch.dtype,
     contexts = [c for c in ATTENTION_CONTEXTS if c <= max_len] or [max_len]
     for context in contexts:
         rows = min(chunk_rows, context)
-        native_run, onednn_run = _attention_runs(model.cfg, rows, context, kv_dtype, g)
+        native_run, onednn_run = attention_runs(model.cfg, rows, context, kv_dtype, g)
         timers[("attention", rows, "native", context)] = partial(_timed, native_run)
         timers[("attention", rows, "onednn", context)] = partial(_timed, onednn_run)
     for run in timers.values():  # warm-up: first calls pay for allocation and dispatch
@@ -145,7 +153,7 @@ def _timed(fn, *args) -> float:
     return time.perf_counter() - start
 
 
-def _attention_runs(cfg, rows: int, context: int, kv_dtype: torch.dtype, g: torch.Generator):
+def attention_runs(cfg, rows: int, context: int, kv_dtype: torch.dtype, g: torch.Generator):
     """Two functions: one layer's attention of `rows` prompt rows ending at `context` on the
     native kernel and on `prefill_attention`, over a pool of random keys and values."""
     bs = 16

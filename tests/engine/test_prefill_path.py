@@ -158,13 +158,25 @@ def test_auto_takes_onednn_attention_from_the_context_where_it_wins_from_there_u
     assert decide([]) == NATIVE
 
 
-def test_auto_times_every_part_on_the_models_own_shapes(int4_pair):
-    model = int4_pair[0].model
+def test_auto_times_every_part_on_the_models_own_shapes_once_per_model(tmp_path):
+    """Timed once per loaded model: every later engine over it takes that choice (engines
+    over one model, e.g. target-only and speculative, prefill through one path even where
+    noisy timings of close paths would flip)."""
+    path = tiny.save_hf_dir(tiny.build_hf_model("qwen2", seed=2), tmp_path / "m")
+    loaded = load_model(path, "float32", weights="int4")
+    model = loaded.model
     choice = prefill_choice.choose(model, "auto", 64, 256, model.kv_cache_dtype(), 0.0)
     parts = {(t.part, t.rows) for t in choice.timings}
     assert parts == {(p, r) for p in PROJECTIONS for r in (16, 64)} | {("attention", 64)}
     assert all(t.native_s > 0 and t.onednn_s > 0 for t in choice.timings)
     assert choice == decide(list(choice.timings))
+    assert prefill_choice.choose(model, "auto", 128, 4096, model.kv_cache_dtype(), 0.0) \
+        is choice
+    llms = [LLM(loaded, speculative_config=None, max_num_batched_tokens=n) for n in (32, 96)]
+    assert all(llm.engine.runner.prefill is choice for llm in llms)
+    other = load_model(path, "float32", weights="int4").model  # another load: timed anew
+    again = prefill_choice.choose(other, "auto", 64, 256, other.kv_cache_dtype(), 0.0)
+    assert again is not choice and {(t.part, t.rows) for t in again.timings} == parts
 
 
 def test_a_model_without_int4_projections_has_no_prefill_path(tmp_path):
