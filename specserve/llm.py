@@ -20,7 +20,7 @@ from specserve.clients.async_engine import AsyncEngine
 from specserve.config import PAIR_DEFAULT, LLMConfig
 from specserve.engine.engine import LLMEngine
 from specserve.engine.outputs import RequestOutput
-from specserve.engine.runner import build_runners
+from specserve.engine.runner import build_runners, kv_positions
 from specserve.inputs import check_conversations, check_draft, check_generate_inputs
 from specserve.weights.loader import LoadedModel, load_model
 from specserve.hub.registry import DEFAULT_TARGET
@@ -30,6 +30,7 @@ from specserve.speculative.config import MAX_SPECULATIVE_TOKENS, SpeculativeConf
 from specserve.speculative.controller import build_controller
 
 log = logging.getLogger("specserve.engine")
+MIN_DEFAULT_CONTEXT = 4096  # the default context where the default KV budget is smaller
 
 
 class LLM:
@@ -44,7 +45,8 @@ class LLM:
                  draft: LoadedModel | None = None, weights: str = "auto",
                  defer_startup: bool = False, **engine_options: object) -> None:
         """`engine_options`: any `EngineConfig` field by name (`max_num_seqs=8`,
-        `max_model_len=4096`, `kv_cache_memory`, `max_num_batched_tokens=256`,
+        `max_model_len` (None: the model's trained context, bounded by the KV budget),
+        `kv_cache_memory`, `max_num_batched_tokens=256`,
         `enable_prefix_caching=True`, `kv_cache_dtype="auto"`), so a new engine option is a
         keyword here with nothing else to edit. Everything is validated, as one `LLMConfig`,
         before anything loads. (Deprecation: the arguments after `speculative_config` are
@@ -61,12 +63,12 @@ class LLM:
         check_draft(draft)
         self.spec, self.weights = self.config.speculative, weights
         self.target = model if isinstance(model, LoadedModel) else load_model(model, dtype, weights)
-        max_len = min(self.config.engine.max_model_len, self.target.config.max_position)
-        config = replace(self.config.engine, max_model_len=max_len)
         self.draft = draft
         uses_draft = self.spec is not None and self.spec.uses_draft_model
         if uses_draft:
             self._load_draft(dtype)
+        max_len = self._context(uses_draft)
+        config = replace(self.config.engine, max_model_len=max_len)
         # KV blocks by budget, the same number for the target and the draft; one sequence of
         # max_model_len positions plus a round's drafts must fit
         runner, draft_runner = build_runners(
@@ -88,6 +90,24 @@ class LLM:
             self.engine.run_startup()
         self._lock = threading.Lock()  # one generate/chat call drives the engine at a time
         self._driver = None  # an AsyncEngine running the engine: calls go through it
+
+    def _context(self, uses_draft: bool) -> int:
+        """The context length: `max_model_len` as given, or the model's trained context; with
+        none given, bounded by what the KV budget holds for one sequence (a round's drafts
+        included; the default budget on a machine short of memory still gives
+        `MIN_DEFAULT_CONTEXT`, as it gives one such sequence its blocks). Either way no longer than
+        the model's trained context."""
+        engine, trained = self.config.engine, self.target.config.max_position
+        if engine.max_model_len is not None:
+            return min(engine.max_model_len, trained)
+        draft = self.draft.model if uses_draft else None
+        held = kv_positions(self.target.model, draft, engine.kv_cache_memory, engine.block_size,
+                            engine.kv_cache_dtype) - MAX_SPECULATIVE_TOKENS - 1
+        floor = 0 if engine.kv_cache_memory is not None else MIN_DEFAULT_CONTEXT
+        length = max(min(trained, held), min(trained, floor))
+        log.info("specserve: context %d tokens (trained for %d%s)", length, trained,
+                 f"; the KV budget holds {held} for one sequence" if held < trained else "")
+        return length
 
     @classmethod
     def from_config(cls, config: LLMConfig, draft: LoadedModel | None = None,

@@ -18,7 +18,8 @@ PUBLIC = {"specserve", "specserve.bench.workloads", "specserve.bench.request_poo
 
 # lowest first; a module may import its own floor and the floors below it
 LAYERS = [
-    {"paths", "options", "flags"},  # the cache root; how an option and its flag are declared
+    {"paths", "options", "flags", "json_depth"},  # the cache root; how an option and its flag are
+    # declared; how deep JSON may nest
     {"kernels"},  # the native C kernels
     {"hub"},  # fetching and verifying model files
     {"models"},  # the runtime model: transformer, attention, KV cache, tokenizer

@@ -13,10 +13,15 @@ turn, as an agent does (`tool_choice` "required" by default: the sessions ask fo
 turn). In a round every server runs `clients` sessions at once (each client its own variant,
 the same variants on every server), servers in rotated order; a warm-up round per server is not counted. Per
 server: end-to-end seconds of a round, TTFT per request, and the share of tool calls that
-parse and validate against the tool's schema, and the share of the round's prompt tokens its
-prefix cache served (from the server's `/metrics`; llama-server has none: blank). A server's
-speed-up is the median over rounds of the baseline server's round time over its own
-(`--baseline`, default the first).
+parse and validate against the tool's schema. A server's speed-up is the median over rounds of
+the baseline server's round time over its own (`--baseline`, default the first).
+
+`--wires` sends each server's sessions over another API (`chat` by default; `responses`: the
+OpenAI Responses API with the official client; `messages`: the Anthropic Messages API with the
+official client): the same conversation, tools and sampling in each wire's shapes, so one
+server can be run once per wire (`--ports 8201,8201,8201 --wires chat,responses,messages`).
+Each row also counts the prompt tokens the prefix cache served and their share of all prompt
+tokens (as the wire reports them).
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ import random
 import statistics
 import threading
 import time
-import urllib.request
 
+import anthropic
 from openai import OpenAI
 
 from specserve.bench.workloads import load_session
@@ -91,19 +96,32 @@ def valid_call(call: dict) -> bool:
         isinstance(args[k], str) for k in keys)
 
 
-def turn(client: OpenAI, model: str, messages: list, max_tokens: int, choice: str) -> dict:
-    """One streamed request: its tool calls (reassembled), content, TTFT and seconds."""
+def turn(client, model: str, messages: list, max_tokens: int, choice: str, wire: str) -> dict:
+    """One streamed request over `wire`: its tool calls (reassembled), content, TTFT, seconds
+    and the prompt tokens the server's prefix cache served."""
     start = time.perf_counter()
-    first, calls, content = None, {}, ""
+    out = WIRES[wire](client, model, messages, max_tokens, choice)
+    out["seconds"] = time.perf_counter() - start
+    out["ttft"] = None if out["first"] is None else out["first"] - start
+    return out
+
+
+def chat_turn(client: OpenAI, model: str, messages: list, max_tokens: int, choice: str) -> dict:
+    first, calls, content, cached, prompt = None, {}, "", 0, 0
     stream = client.chat.completions.create(
         model=model, messages=messages, tools=TOOLS, tool_choice=choice, temperature=0,
-        max_tokens=max_tokens, stream=True, seed=0, parallel_tool_calls=False)
+        max_tokens=max_tokens, stream=True, seed=0, parallel_tool_calls=False,
+        stream_options={"include_usage": True})
     for chunk in stream:
+        if chunk.usage is not None:
+            prompt = chunk.usage.prompt_tokens
+            if chunk.usage.prompt_tokens_details is not None:
+                cached = chunk.usage.prompt_tokens_details.cached_tokens or 0
         if not chunk.choices:
             continue
         delta = chunk.choices[0].delta
         if first is None and (delta.content or delta.tool_calls):
-            first = time.perf_counter() - start
+            first = time.perf_counter()
         content += delta.content or ""
         for part in delta.tool_calls or []:
             call = calls.setdefault(part.index, {"id": "", "name": "", "arguments": ""})
@@ -111,22 +129,121 @@ def turn(client: OpenAI, model: str, messages: list, max_tokens: int, choice: st
             if part.function is not None:
                 call["name"] += part.function.name or ""
                 call["arguments"] += part.function.arguments or ""
-    return {"seconds": time.perf_counter() - start, "ttft": first,
-            "calls": [calls[i] for i in sorted(calls)], "content": content}
+    return {"first": first, "calls": [calls[i] for i in sorted(calls)], "content": content,
+            "cached": cached, "prompt": prompt}
 
 
-def session(port: int, model: str, name: str, index: int, max_tokens: int, choice: str) -> dict:
-    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
-                    timeout=3600)
+def responses_turn(client: OpenAI, model: str, messages: list, max_tokens: int,
+                   choice: str) -> dict:
+    first, calls, content, cached, prompt = None, [], "", 0, 0
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    stream = client.responses.create(
+        model=model, instructions=messages[0]["content"], input=_items(messages[1:]),
+        tools=tools, tool_choice=choice, temperature=0, max_output_tokens=max_tokens,
+        parallel_tool_calls=False, stream=True, extra_body={"seed": 0})
+    for event in stream:
+        if first is None and event.type in ("response.output_text.delta",
+                                            "response.function_call_arguments.delta"):
+            first = time.perf_counter()
+        if event.type == "response.output_text.delta":
+            content += event.delta
+        elif event.type == "response.output_item.done" and event.item.type == "function_call":
+            calls.append({"id": event.item.call_id, "name": event.item.name,
+                          "arguments": event.item.arguments})
+        elif event.type in ("response.completed", "response.incomplete"):
+            cached = event.response.usage.input_tokens_details.cached_tokens
+            prompt = event.response.usage.input_tokens
+    return {"first": first, "calls": calls, "content": content, "cached": cached,
+            "prompt": prompt}
+
+
+def _items(messages: list) -> list:
+    items = []
+    for m in messages:
+        if m["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": m["tool_call_id"],
+                          "output": m["content"]})
+            continue
+        if m.get("content"):
+            items.append({"role": m["role"], "content": m["content"]})
+        for c in m.get("tool_calls", ()):
+            items.append({"type": "function_call", "call_id": c["id"],
+                          "name": c["function"]["name"], "arguments": c["function"]["arguments"]})
+    return items
+
+
+def messages_turn(client: anthropic.Anthropic, model: str, messages: list, max_tokens: int,
+                  choice: str) -> dict:
+    first, content = None, ""
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    with client.messages.stream(
+            model=model, system=messages[0]["content"], messages=_turns(messages[1:]),
+            tools=tools, max_tokens=max_tokens, extra_body={"temperature": 0, "seed": 0},
+            tool_choice={"type": "any" if choice == "required" else "auto",
+                         "disable_parallel_tool_use": True}) as stream:
+        for event in stream:
+            if first is None and event.type == "content_block_delta":
+                first = time.perf_counter()
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                content += event.delta.text
+        final = stream.get_final_message()
+    calls = [{"id": b.id, "name": b.name, "arguments": json.dumps(b.input)}
+             for b in final.content if b.type == "tool_use"]
+    return {"first": first, "calls": calls, "content": content,
+            "cached": final.usage.cache_read_input_tokens or 0,
+            "prompt": final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)}
+
+
+def _turns(messages: list) -> list:
+    turns: list = []
+    for m in messages:
+        if m["role"] == "tool":
+            block = {"type": "tool_result", "tool_use_id": m["tool_call_id"],
+                     "content": m["content"]}
+            if turns and turns[-1]["role"] == "user" and isinstance(turns[-1]["content"], list):
+                turns[-1]["content"].append(block)
+            else:
+                turns.append({"role": "user", "content": [block]})
+        elif m["role"] == "assistant":
+            blocks = [{"type": "text", "text": m["content"]}] if m.get("content") else []
+            blocks += [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                        "input": json.loads(c["function"]["arguments"])}
+                       for c in m.get("tool_calls", ())]
+            turns.append({"role": "assistant", "content": blocks or ""})
+        else:
+            turns.append({"role": m["role"], "content": m["content"]})
+    return turns
+
+
+WIRES = {"chat": chat_turn, "responses": responses_turn, "messages": messages_turn}
+
+
+def client_for(wire: str, port: int):
+    if wire == "messages":
+        return anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="none",
+                                   max_retries=0, timeout=3600)
+    return OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
+                  timeout=3600)
+
+
+def session(port: int, model: str, name: str, index: int, max_tokens: int, choice: str,
+            wire: str = "chat") -> dict:
+    client = client_for(wire, port)
     spec = load_session(name)
     messages = [{"role": "system", "content": SYSTEM}]
-    out = {"seconds": 0.0, "ttft": [], "calls": 0, "valid": 0, "requests": 0}
+    out = {"seconds": 0.0, "ttft": [], "calls": 0, "valid": 0, "requests": 0, "cached": 0,
+           "prompt": 0,
+           "names": []}
     for user in spec.turns:
         messages.append({"role": "user", "content": variant(user, index)})
-        r = turn(client, model, messages, max_tokens, choice)
+        r = turn(client, model, messages, max_tokens, choice, wire)
         out["seconds"] += r["seconds"]
         out["ttft"].append(r["ttft"])
         out["requests"] += 1
+        out["cached"] += r["cached"]
+        out["prompt"] += r["prompt"]
+        out["names"].append([c["name"] for c in r["calls"]])
         out["calls"] += len(r["calls"])
         out["valid"] += sum(valid_call(c) for c in r["calls"])
         if not r["calls"]:  # no call: the agent goes on with the text as the answer
@@ -142,34 +259,14 @@ def session(port: int, model: str, name: str, index: int, max_tokens: int, choic
     return out
 
 
-def prompt_counters(port: int) -> tuple[float, float] | None:
-    """(prompt tokens served from the prefix cache, prompt tokens computed) so far, from the
-    server's /metrics; None where it has no such counters."""
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
-    except OSError:
-        return None
-    values = {}
-    for line in text.decode().splitlines():
-        name, _, rest = line.partition("{")
-        if name in ("specserve:prefix_cache_hit_tokens_total",
-                    "specserve:prompt_tokens_computed_total"):
-            values[name] = values.get(name, 0.0) + float(rest.rsplit(" ", 1)[-1])
-    if len(values) != 2:
-        return None
-    return (values["specserve:prefix_cache_hit_tokens_total"],
-            values["specserve:prompt_tokens_computed_total"])
-
-
 def one_round(port: int, model: str, clients: int, first_index: int, max_tokens: int,
-              choice: str) -> dict:
+              choice: str, wire: str = "chat") -> dict:
     results: list = [None] * clients
-    before = prompt_counters(port)
 
     def run(i: int) -> None:
         index = first_index + i
         results[i] = session(port, model, SESSIONS[index % len(SESSIONS)], index, max_tokens,
-                             choice)
+                             choice, wire)
 
     start = time.perf_counter()
     threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
@@ -178,14 +275,11 @@ def one_round(port: int, model: str, clients: int, first_index: int, max_tokens:
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
-    after = prompt_counters(port)
-    hits = None if before is None or after is None else (after[0] - before[0],
-                                                          after[1] - before[1])
     return {"wall": wall, "ttft": [x for r in results for x in r["ttft"] if x is not None],
             "requests": sum(r["requests"] for r in results),
             "calls": sum(r["calls"] for r in results), "valid": sum(r["valid"] for r in results),
-            "prefix_hit_tokens": None if hits is None else hits[0],
-            "prompt_tokens_computed": None if hits is None else hits[1]}
+            "cached": sum(r["cached"] for r in results),
+            "prompt": sum(r["prompt"] for r in results), "names": [r["names"] for r in results]}
 
 
 def main() -> None:
@@ -201,10 +295,13 @@ def main() -> None:
     parser.add_argument("--variant-offset", type=int, default=0,
                         help="start this many variants in (servers that served an earlier run)")
     parser.add_argument("--baseline", help="the server the speed-ups are over (default: first)")
+    parser.add_argument("--wires", help="comma-separated API per server: chat (default), "
+                                        "responses, messages")
     parser.add_argument("--out", help="append every round's figures to this JSON-lines file")
     args = parser.parse_args()
     ports = [int(p) for p in args.ports.split(",")]
     names = args.names.split(",") if args.names else [str(p) for p in ports]
+    wires = args.wires.split(",") if args.wires else ["chat"] * len(ports)
     rows = {n: [] for n in names}
     for r in range(args.rounds + 1):
         order = list(range(len(ports)))
@@ -212,8 +309,9 @@ def main() -> None:
         index = 1 + args.variant_offset + r * args.clients  # every server gets the round's variants (0: the shipped
         for i in order:  # text, never timed); no server sees a variant twice
             res = one_round(ports[i], args.model, args.clients, index, args.max_tokens,
-                            args.tool_choice)
-            res.update(server=names[i], round=r, clients=args.clients, warmup=r == 0)
+                            args.tool_choice, wires[i])
+            res.update(server=names[i], wire=wires[i], round=r, clients=args.clients,
+                       warmup=r == 0)
             print(json.dumps(res), flush=True)
             if args.out:
                 with open(args.out, "a") as f:
@@ -222,25 +320,19 @@ def main() -> None:
                 rows[names[i]].append(res)
     baseline = args.baseline or names[0]
     base = rows[baseline]
-    print(f"\n| server | clients | median round s | speed-up over {baseline} | p50 TTFT s | "
-          "tool calls valid | prefix-cache hits |\n|---|---|---|---|---|---|---|")
+    print(f"\n| server | wire | clients | median round s | speed-up over {baseline} | p50 TTFT s "
+          "| tool calls valid | prompt tokens cached |\n|---|---|---|---|---|---|---|---|")
     for n in names:
         ratio = statistics.median(b["wall"] / x["wall"] for b, x in zip(base, rows[n]))
         ttft = statistics.median(t for x in rows[n] for t in x["ttft"])
         calls, valid = sum(x["calls"] for x in rows[n]), sum(x["valid"] for x in rows[n])
         requests = sum(x["requests"] for x in rows[n])
-        print(f"| {n} | {args.clients} | {statistics.median(x['wall'] for x in rows[n]):.1f} | "
-              f"{ratio:.2f}x | {ttft:.2f} | {valid}/{requests} ({calls} calls) | "
-              f"{hit_share(rows[n])} |")
-
-
-def hit_share(rounds: list[dict]) -> str:
-    """The prompt tokens the prefix cache served over all prompt tokens, over the rounds."""
-    if any(r["prefix_hit_tokens"] is None for r in rounds):
-        return ""
-    hits = sum(r["prefix_hit_tokens"] for r in rounds)
-    total = hits + sum(r["prompt_tokens_computed"] for r in rounds)
-    return f"{hits / total:.1%} of {total:.0f}" if total else ""
+        cached, prompt = sum(x["cached"] for x in rows[n]), sum(x["prompt"] for x in rows[n])
+        share = f" of {prompt} ({cached / prompt:.1%})" if prompt else ""
+        wire = wires[names.index(n)]
+        print(f"| {n} | {wire} | {args.clients} | "
+              f"{statistics.median(x['wall'] for x in rows[n]):.1f} | {ratio:.2f}x | {ttft:.2f} | "
+              f"{valid}/{requests} ({calls} calls) | {cached}{share} |")
 
 
 if __name__ == "__main__":

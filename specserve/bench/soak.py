@@ -4,19 +4,26 @@ mixed with bad and hostile clients, then the server's own figures.
 `python -m specserve.bench.soak --url http://127.0.0.1:8000 --api-key KEY --pid PID
 --clients 16 --duration 600` keeps `clients` well-behaved streaming chat requests in flight
 (as `loadgen.py` does; a 429 is retried after its `Retry-After`) while, unless `--calm`:
-- one client sends, in turn, malformed JSON, a body beyond the size limit and a stream it
-  leaves after a few chunks (a disconnect); another reads streams slowly;
+- one client sends, in turn, malformed JSON, a body beyond the size limit, a stream it leaves
+  after a few chunks (a disconnect) and JSON nested past the depth bound (`hostile.deep`);
+  another reads streams slowly;
 - hostile clients (`hostile.py`) keep a stream they never read for `--stall-s` seconds, trickle
   a body a byte at a time, and open connections that send half a head and go silent;
-- a burst client sends `--burst` requests at once every few seconds, enough to reach 429.
+- a burst client sends `--burst` requests at once every few seconds, enough to reach 429;
+- a flood client (`--flood N`) opens N streams it never reads (`--flood-tokens` each) and N
+  requests whose bodies never end, all at once, holds them `--stall-s` seconds, and again.
+Throughout, a prober asks /health every half second, and a fresh client (a new connection,
+a short chat request) comes every `--fresh-every` seconds: their worst latency and waits are
+figures of the run, in calm runs too.
 At the end it waits for the server to go idle and prints one JSON object: requests served,
 4xx, 429 and 5xx answers, lost requests (a connection error or a stream without `[DONE]`,
 other than the deliberate disconnects), hostile connections the server still held past its
 timeouts (`held`), the outcome of each kind of client (`outcomes`: e.g. `stalled:dropped`),
-the well-behaved clients' p50/p99 latency, the server's resident memory at the start
-and the end (from /proc/PID/status, with --pid), and KV cache blocks in use after the run.
-The starting memory is read `--warmup` seconds into the run, once the first requests have
-allocated what the server keeps for good. Localhost only.
+the well-behaved clients' p50/p99 latency, /health's worst and p99 latency, the fresh
+clients' p50 and worst wait, the server's resident memory at the start and the end (from
+/proc/PID/status, with --pid), and KV cache blocks in use after the run. The starting memory
+is read `--warmup` seconds into the run, once the first requests have allocated what the
+server keeps for good. Localhost only.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ class Tally:
 
     outcomes: Counter = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
+    health: list[float] = field(default_factory=list)  # /health latencies
+    fresh: list[float] = field(default_factory=list)  # fresh clients' waits
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, kind: str, outcome: str, latency: float | None = None) -> None:
@@ -90,6 +99,21 @@ def bad_request(http: httpx.Client, model: str, kind: str) -> str:
     return "5xx" if r.status_code >= 500 else "4xx" if r.status_code >= 400 else "ok"
 
 
+def fresh_request(url: str, headers: dict, model: str, prompt: str) -> tuple[str, float]:
+    """A fresh client: a new connection, one short chat request; (outcome, its wait)."""
+    start = time.monotonic()
+    try:
+        with httpx.Client(base_url=url, headers=headers, timeout=600) as http:
+            r = http.post("/v1/chat/completions", json={
+                "model": model, "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 8})
+    except httpx.HTTPError:
+        return "lost", time.monotonic() - start
+    outcome = {200: "ok", 429: "429"}.get(r.status_code,
+                                          "5xx" if r.status_code >= 500 else "4xx")
+    return outcome, time.monotonic() - start
+
+
 def burst_request(http: httpx.Client, model: str, prompt: str) -> str:
     try:
         r = http.post("/v1/chat/completions", json={
@@ -117,9 +141,11 @@ def gauge(http: httpx.Client, name: str) -> float:
 
 def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens: int,
         pid: int | None, seed: int = 0, warmup: float = 0.0, calm: bool = False,
-        stall_s: float = 40.0, stall_tokens: int = 400, burst: int = 64) -> dict:
+        stall_s: float = 40.0, stall_tokens: int = 400, burst: int = 64, flood: int = 0,
+        flood_tokens: int = 1500, fresh_every: float = 10.0) -> dict:
     """The soak; the starting memory is read `warmup` seconds into the run (buffers the first
-    requests allocate for good are not growth). `calm`: the well-behaved clients only."""
+    requests allocate for good are not growth). `calm`: the well-behaved clients (and the
+    probes) only."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     tally = Tally()
     stop_at = time.monotonic() + duration
@@ -151,6 +177,8 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
             kind = kinds[turn % len(kinds)]
             if kind in ("malformed", "oversized"):
                 tally.count(kind, bad_request(http, model, kind))
+            elif kind == "deep":
+                tally.count(kind, hostile.deep(url, api_key, model, turn // len(kinds)))
             else:
                 tally.count(kind, stream_once(http, model, rng.choice(PROMPTS), max_tokens,
                                               rng.randint(1, 4) if kind == "disconnect" else None,
@@ -170,20 +198,52 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
                 tally.count("burst", outcome)
         time.sleep(5.0)
 
+    def probe_health() -> None:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            while time.monotonic() < stop_at:
+                start = time.monotonic()
+                try:
+                    ok = http.get("/health").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                with tally.lock:
+                    tally.health.append(time.monotonic() - start)
+                tally.count("health", "ok" if ok else "lost")
+                time.sleep(0.5)
+
+    def fresh_clients() -> None:
+        rng = random.Random(seed + 1)
+        while time.monotonic() < stop_at:
+            outcome, waited = fresh_request(url, headers, model, rng.choice(PROMPTS))
+            tally.count("fresh", outcome)
+            if outcome == "ok":
+                with tally.lock:
+                    tally.fresh.append(waited)
+            time.sleep(max(0.0, fresh_every - waited))
+
+    def flooding() -> None:
+        while time.monotonic() < stop_at:
+            for outcome in hostile.flood(url, api_key, model, PROMPTS[1], flood, flood,
+                                         flood_tokens, stall_s):
+                tally.count("flood", outcome)
+
     def sample_after_warmup() -> None:
         time.sleep(min(warmup, duration))
         rss["start"] = rss_kib(pid)
         with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
             rss["kv_start"] = gauge(http, KV_TOUCHED)
 
-    jobs = [streaming(w) for w in range(clients)] + [sample_after_warmup]
+    jobs = [streaming(w) for w in range(clients)] + [sample_after_warmup, probe_health,
+                                                      fresh_clients]
     if not calm:
-        jobs += [misbehaving(("malformed", "oversized", "disconnect")), misbehaving(("slow",)),
+        jobs += [misbehaving(("malformed", "oversized", "disconnect", "deep")),
+                 misbehaving(("slow",)),
                  raw("stalled", lambda: hostile.stalled_stream(
                      url, api_key, model, PROMPTS[0], stall_tokens, stall_s)),
                  raw("trickled", lambda: hostile.trickled_body(url, api_key, 0.5, stall_s)),
                  raw("half_open", lambda: hostile.half_open(url, stall_s)),
                  lambda: until_stopped(bursting)]
+        jobs += [flooding] if flood else []
     threads = [threading.Thread(target=job) for job in jobs]
     for t in threads:
         t.start()
@@ -198,8 +258,12 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
         kv_end = gauge(http, KV_TOUCHED)
     figures = summary(tally.outcomes, clients, duration, rss["start"], rss_kib(pid), kv_blocks,
                       rss["kv_start"], kv_end)
-    latencies = sorted(tally.latencies)
-    figures.update(latency_p50_s=_pct(latencies, 50), latency_p99_s=_pct(latencies, 99))
+    latencies, health, fresh = sorted(tally.latencies), sorted(tally.health), sorted(tally.fresh)
+    figures.update(latency_p50_s=_pct(latencies, 50), latency_p99_s=_pct(latencies, 99),
+                   health_p99_s=_pct(health, 99),
+                   health_worst_s=round(health[-1], 3) if health else None,
+                   fresh_p50_s=_pct(fresh, 50),
+                   fresh_worst_s=round(fresh[-1], 3) if fresh else None)
     return figures
 
 
@@ -213,7 +277,8 @@ def summary(outcomes: Counter, clients: int, duration: float, rss_start: int | N
     for key, value in outcomes.items():
         by_outcome[key.split(":")[1]] += value
     return {"clients": clients, "duration_s": duration, "served": outcomes["stream:ok"] +
-            outcomes["slow:ok"] + outcomes["burst:ok"], "answers_4xx": by_outcome["4xx"],
+            outcomes["slow:ok"] + outcomes["burst:ok"] + outcomes["fresh:ok"],
+            "answers_4xx": by_outcome["4xx"],
             "answers_429": by_outcome["429"] + by_outcome["refused"],
             "answers_5xx": by_outcome["5xx"], "lost": by_outcome["lost"],
             "held": by_outcome["held"], "left_early": by_outcome["left"],
@@ -246,12 +311,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall-tokens", type=int, default=400,
                    help="max_tokens of a stream that is never read")
     p.add_argument("--burst", type=int, default=64, help="requests sent at once every 5 s")
+    p.add_argument("--flood", type=int, default=0, help="streams never read, and bodies that "
+                   "never end, opened at once and held --stall-s seconds, again and again "
+                   "(0: none)")
+    p.add_argument("--flood-tokens", type=int, default=1500,
+                   help="max_tokens of each stream of the flood")
+    p.add_argument("--fresh-every", type=float, default=10.0,
+                   help="seconds between fresh clients (a new connection, a short request)")
     args = p.parse_args(argv)
     if not args.url.startswith(("http://127.0.0.1", "http://localhost")):
         raise SystemExit("soak: localhost only")
     print(json.dumps(run(args.url, args.api_key, args.clients, args.duration, args.max_tokens,
                          args.pid, args.seed, args.warmup, args.calm, args.stall_s,
-                         args.stall_tokens, args.burst)))
+                         args.stall_tokens, args.burst, args.flood, args.flood_tokens,
+                         args.fresh_every)))
     return 0
 
 

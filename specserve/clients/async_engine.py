@@ -7,6 +7,13 @@ mutation of the engine happens on that one thread. `stream` is an async iterator
 request's `RequestDelta`s for asyncio code, fed with `loop.call_soon_threadsafe`; leaving it
 early aborts the request. An exception inside a step fails only the requests running in it.
 
+Paced by the reader: a stream whose reader leaves `HOLD_AFTER` deltas untaken (the code that
+drives it is waiting on its own reader, e.g. an HTTP client that stops reading) has its
+request held in the engine (`LLMEngine.hold_request`: not scheduled, its slots to others);
+once the reader has taken all but `HOLD_AFTER // 2` the request is released. Both are
+decided on the event loop, which sees every delta arrive and every take, and posted to the
+engine thread in order. `generate` and callbacks are never held.
+
 Liveness: if the thread dies, or a step or the idle work runs longer than `step_timeout`
 seconds (`StepWatchdog`), the engine is dead: every open request ends at once with
 `EngineDead`, every new one is refused with it, and `dead_reason` says why. The process stays
@@ -34,6 +41,7 @@ from specserve.sampling.params import SamplingParams
 
 IDLE_WORK_AFTER_S = 5.0  # idle seconds before an engine's idle work runs (doubling after each)
 IDLE_WORK_MAX_S = 600.0
+HOLD_AFTER = 4  # deltas a stream's reader leaves untaken before its request is held
 
 __all__ = ["AsyncEngine", "EngineClosed", "EngineDead", "EngineError"]
 log = logging.getLogger(__name__)
@@ -50,6 +58,15 @@ class _Add:
     params: SamplingParams
     text: str | None
     speculation: SpeculationOverride | None
+    client: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    """Hold a request (its reader is behind) or release it, on the engine thread."""
+
+    request_id: str
+    held: bool
 
 
 class AsyncEngine:
@@ -64,9 +81,10 @@ class AsyncEngine:
         self.engine = engine
         self._listeners: dict[str, DeltaCallback | None] = {}  # requests in flight
         self._lock = threading.Lock()  # guards _listeners
-        self._inbox: deque[_Add | str] = deque()  # adds, and ids to abort
+        self._inbox: deque[_Add | _Hold | str] = deque()  # adds, holds, and ids to abort
         self._wake = threading.Condition()  # work arrived / the thread went idle
-        self._busy = False  # the engine has work (written by the thread)
+        self._busy = False  # a step would do something (written by the thread)
+        self._pending = False  # requests are unfinished, held ones too (written by the thread)
         self._closing = False  # no new requests
         self._stopping = False  # the thread aborts what is left and exits once idle
         self._stats = engine.stats()
@@ -90,10 +108,12 @@ class AsyncEngine:
     # ------------------------------------------------------------------ requests
     def add(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
             speculation: SpeculationOverride | None = None,
-            on_delta: DeltaCallback | None = None, text: str | None = None) -> str:
+            on_delta: DeltaCallback | None = None, text: str | None = None,
+            client: str | None = None) -> str:
         """Post a request from any thread; `on_delta` is called on the engine thread with each
-        of its deltas (`text`: the prompt's text to report when `prompt` is token ids).
-        Invalid input raises ValueError naming the field, here."""
+        of its deltas (`text`: the prompt's text to report when `prompt` is token ids;
+        `client`: whom it serves, the slots are shared among clients). Invalid input raises
+        ValueError naming the field, here."""
         if self.dead_reason is not None:
             raise EngineDead(f"the engine is dead: {self.dead_reason}")
         if self._closing:
@@ -106,7 +126,7 @@ class AsyncEngine:
                 raise ValueError(f"request_id {request_id!r} is already in use")
             self._listeners[request_id] = on_delta
         self._post(_Add(request_id, list(prompt_ids), params,
-                        prompt if isinstance(prompt, str) else text, speculation))
+                        prompt if isinstance(prompt, str) else text, speculation, client))
         if self._dead is not None:  # it died while this request was being added
             self._die(self._dead)
         return request_id
@@ -115,7 +135,7 @@ class AsyncEngine:
         """Finish a request with "abort" and free its memory (any thread, any moment)."""
         self._post(request_id)
 
-    def _post(self, item: _Add | str) -> None:
+    def _post(self, item: _Add | _Hold | str) -> None:
         with self._wake:
             self._inbox.append(item)
             self._wake.notify_all()
@@ -154,24 +174,36 @@ class AsyncEngine:
 
     async def stream(self, prompt: str | list[int], params: SamplingParams,
                      request_id: str | None = None,
-                     speculation: SpeculationOverride | None = None
-                     ) -> AsyncIterator[RequestDelta]:
-        """Add a request and yield its deltas until it finishes. Validates on the first
-        iteration (ValueError naming the field); leaving early aborts the request."""
+                     speculation: SpeculationOverride | None = None,
+                     client: str | None = None) -> AsyncIterator[RequestDelta]:
+        """Add a request and yield its deltas until it finishes; while the reader leaves
+        `HOLD_AFTER` of them untaken the request is held (see the module). Validates on the
+        first iteration (ValueError naming the field); leaving early aborts the request."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestDelta] = asyncio.Queue()
+        held = False
 
-        def deliver(delta: RequestDelta) -> None:
+        def arrive(delta: RequestDelta) -> None:  # on the loop
+            nonlocal held
+            queue.put_nowait(delta)
+            if not held and not delta.finished and queue.qsize() >= HOLD_AFTER:
+                held = True
+                self._post(_Hold(delta.request_id, True))
+
+        def deliver(delta: RequestDelta) -> None:  # on the engine thread
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, delta)
+                loop.call_soon_threadsafe(arrive, delta)
             except RuntimeError:  # the loop is closed: nobody listens any more
                 self.abort(delta.request_id)
 
-        rid = self.add(prompt, params, request_id, speculation, on_delta=deliver)
+        rid = self.add(prompt, params, request_id, speculation, on_delta=deliver, client=client)
         finished = False
         try:
             while not finished:
                 delta = await queue.get()
+                if held and queue.qsize() <= HOLD_AFTER // 2:
+                    held = False
+                    self._post(_Hold(rid, False))
                 finished = delta.finished
                 if isinstance(delta.error, (EngineClosed, EngineDead)):
                     raise delta.error
@@ -210,7 +242,8 @@ class AsyncEngine:
         self._closing = True
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._wake:
-            while (self._busy or self._inbox) and self._thread.is_alive() and self._dead is None:
+            while (self._pending or self._inbox) and self._thread.is_alive() \
+                    and self._dead is None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     break
@@ -262,7 +295,8 @@ class AsyncEngine:
         for delta in deltas:
             self._deliver(delta)
         with self._wake:
-            self._busy = self.engine.has_unfinished()
+            self._busy = self.engine.has_work()
+            self._pending = self.engine.has_unfinished()
             self._wake.notify_all()
         return True
 
@@ -296,13 +330,17 @@ class AsyncEngine:
         with self._wake:
             items, self._inbox = list(self._inbox), deque()
             self._busy = self._busy or bool(items)
+            self._pending = self._pending or bool(items)
         for item in items:
             if isinstance(item, str):
                 self.engine.abort_request(item)
                 continue
+            if isinstance(item, _Hold):
+                self.engine.hold_request(item.request_id, item.held)
+                continue
             try:
                 self.engine.add_request(item.prompt_ids, item.params, item.request_id,
-                                        item.text, item.speculation)
+                                        item.text, item.speculation, item.client)
             except Exception as error:  # noqa: BLE001 - handed to that request alone
                 self._deliver(RequestDelta(item.request_id, [], True, None, error))
 

@@ -33,8 +33,11 @@ class EngineDead(EngineError):
 class EngineClient(Protocol):
     def stream(self, prompt: str | list[int], params: SamplingParams,
                request_id: str | None = None,
-               speculation: SpeculationOverride | None = None) -> AsyncIterator[RequestDelta]:
-        """Add a request and yield its deltas until it finishes; leaving early aborts it."""
+               speculation: SpeculationOverride | None = None,
+               client: str | None = None) -> AsyncIterator[RequestDelta]:
+        """Add a request and yield its deltas until it finishes; leaving early aborts it.
+        `client`: whom it serves (the engine shares its slots among clients). A reader that
+        stops taking deltas may have its request held (not scheduled) until it takes them."""
         ...
 
     def abort(self, request_id: str) -> None:

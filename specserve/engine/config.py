@@ -1,6 +1,8 @@
 """`EngineConfig`: the engine's sizes and budgets, each declared once as an option (see
 `specserve.options`), validated in `__post_init__` with a `ValueError` naming the field.
 
+`max_model_len`: None takes the model's trained context, bounded by the KV budget (see
+`LLM`): the budget limits how many sequences run at once, not how long one may be.
 `max_num_batched_tokens`: target rows per step (decode and verify rows always run; prefill
 chunks fill the rest). On a CPU a pass is compute-bound from a few rows on (the native kernels
 take rows four at a time), so bigger chunks barely raise prefill throughput while every running
@@ -24,7 +26,9 @@ from specserve.sampling.params import require_bool, require_int
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     max_num_seqs: int = option(8, "requests decoded together")
-    max_model_len: int = option(4096, "context length (prompt + output)")
+    max_model_len: int | None = option(
+        None, "context length (prompt + output); default: the model's trained context, bounded "
+        "by what the KV cache budget holds for one sequence")
     max_num_batched_tokens: int = option(
         256, "token budget per engine step (prefill chunks + decode rows)")
     kv_cache_memory: int | None = option(
@@ -45,7 +49,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         require_int("max_num_seqs", self.max_num_seqs, minimum=1)
-        require_int("max_model_len", self.max_model_len, minimum=2)
+        if self.max_model_len is not None:
+            require_int("max_model_len", self.max_model_len, minimum=2)
         require_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
         if self.kv_cache_memory is not None:
             memory = require_int("kv_cache_memory", self.kv_cache_memory)

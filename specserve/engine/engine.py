@@ -56,6 +56,7 @@ class LLMEngine:
     def __init__(self, runner: ModelRunner, blocks: BlockManager, tokenizer: Tokenizer,
                  config: EngineConfig, spec: SpeculationController | None = None,
                  prepare_tokenizer: bool = False, grammars=None) -> None:
+        assert config.max_model_len is not None, "the context is resolved before the engine"
         self.runner, self.tokenizer, self.config, self.spec = runner, tokenizer, config, spec
         self.grammars = grammars or LazyGrammarCompiler(tokenizer, runner.model.cfg.vocab_size)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens, blocks)
@@ -78,9 +79,11 @@ class LLMEngine:
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     request_id: str | None = None, prompt: str | None = None,
-                    speculation: SpeculationOverride | None = None) -> str:
+                    speculation: SpeculationOverride | None = None,
+                    client: str | None = None) -> str:
         """Queue a request; returns its id. Invalid input raises ValueError, before anything
-        is queued (a structured output's grammar is compiled here, or found compiled)."""
+        is queued (a structured output's grammar is compiled here, or found compiled).
+        `client`: whom it serves (the scheduler shares the slots among clients)."""
         grammar = self.check_request(prompt_ids, params, speculation)
         if request_id is None:
             request_id = str(next(self._ids))
@@ -89,7 +92,7 @@ class LLMEngine:
         elif request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         req = Request(request_id, prompt, list(prompt_ids), params, time.perf_counter(),
-                      speculation, grammar)
+                      speculation, grammar, client=client)
         req.seqs = [self._new_sequence(req, i) for i in range(params.n)]
         if self.spec is not None:
             self.spec.join(req.seqs, speculation, self.tokenizer)
@@ -128,7 +131,8 @@ class LLMEngine:
                   else params.tv_budget if params.tv_budget is not None
                   else self.spec.tv_budget if self.spec else 0.0)
         seq = Sequence(next(self._ids), req.request_id, index, list(req.prompt_ids), params,
-                       torch.Generator().manual_seed(seed), budget, arrival=req.arrival)
+                       torch.Generator().manual_seed(seed), budget, arrival=req.arrival,
+                       client=req.client)
         self.output.start(seq)
         if req.grammar is not None:
             seq.grammar = req.grammar.matcher()
@@ -148,6 +152,14 @@ class LLMEngine:
                 self.scheduler.drop(seq)
                 self._release([seq])
         self._release(self.scheduler.retire())
+
+    def hold_request(self, request_id: str, held: bool = True) -> None:
+        """Hold a request (its reader is behind: its sequences keep their memory but are not
+        scheduled, and leave their slots to others; the first preempted when memory is short),
+        or release it. Unknown or finished ids are ignored."""
+        req = self.requests.get(request_id)
+        if req is not None:
+            self.scheduler.hold([s for s in req.seqs if not s.finished], held)
 
     def has_request(self, request_id: str) -> bool:
         """True from `add_request` until the request's final delta has been handed out."""
@@ -169,8 +181,13 @@ class LLMEngine:
         return self.scheduler.blocks.reset_prefix_cache()
 
     def has_unfinished(self) -> bool:
-        """Work left: sequences to run, or deltas not yet handed out."""
+        """Work left: sequences to run (held ones too), or deltas not yet handed out."""
         return self.scheduler.has_unfinished() or bool(self._touched)
+
+    def has_work(self) -> bool:
+        """Whether a step would do something: a sequence not held to run, or deltas to hand
+        out (an engine whose requests are all held has nothing to do until one is released)."""
+        return self.scheduler.has_runnable() or bool(self._touched)
 
     # ------------------------------------------------------------------ start-up, idle
     def run_startup(self) -> None:
@@ -309,7 +326,7 @@ class LLMEngine:
         self._finish(seq, FINISH_ABORT)
 
     def _fail_running(self, error: Exception) -> None:
-        for seq in self.scheduler.running:
+        for seq in self.scheduler.scheduled():  # a held sequence was not in the step
             if not seq.finished:
                 self._fail(seq, error)
 
@@ -402,7 +419,7 @@ class LLMEngine:
             spec=copy.deepcopy(self.metrics.total), rolling_acceptance=window.acceptance_rate,
             healthy=window.healthy, kv_touched_bytes=self.kv_touched_bytes,
             prefill_onednn=tuple(self.runner.prefill.parts().items()),
-            prefill_dense_bytes=self.runner.prefill_bytes)
+            prefill_dense_bytes=self.runner.prefill_bytes, held=scheduler.num_held)
 
     @property
     def kv_blocks_total(self) -> int:

@@ -86,6 +86,7 @@ class CompletionState:
     logprobs: list[dict[int, float]] | None = None
     origins: list[str] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     stopped: bool = False  # a stop string cut the text: nothing more is added
     reported_finish: bool = False
     scheduled_time: float | None = None
@@ -134,6 +135,8 @@ class OutputProcessor:
             if c.logprobs is not None:
                 c.logprobs.append(token_logprobs(logits[i], token, params.logprobs))
             reason = finish_reason_for_token(token, params, eos)
+            if reason is not None and token in params.stop_token_ids:
+                c.stop_reason = token
             if self._add_text(c, c.detokenizer.push(token)):
                 reason = FINISH_STOP
             if reason is None and (
@@ -157,7 +160,7 @@ class OutputProcessor:
         if cut is None:
             return False
         c.text = c.text[:cut]
-        c.stopped = True
+        c.stopped, c.stop_reason = True, c.stop.matched
         return True
 
     def finish(self, seq: Sequence, reason: str) -> None:
@@ -207,7 +210,8 @@ class OutputProcessor:
         outs = [self._completion_output(req, seq) for seq in req.seqs]
         queued = [o.queue_time for o in outs if o.queue_time is not None]
         return RequestOutput(req.request_id, req.prompt, req.prompt_ids, outs, finished=True,
-                             queue_time=min(queued) if queued else None)
+                             queue_time=min(queued) if queued else None,
+                             num_cached_tokens=min(s.prefix_hit for s in req.seqs))
 
     def _completion_output(self, req: Request, seq: Sequence) -> CompletionOutput:
         c = seq.out
@@ -223,7 +227,7 @@ class OutputProcessor:
             e2e_time=since(req.arrival, c.finish_time),
             spec=seq.metrics if self.speculative else None,
             logprobs=c.logprobs, queue_time=since(req.arrival, c.scheduled_time),
-            origins=list(c.origins))
+            origins=list(c.origins), stop_reason=c.stop_reason)
 
 
 def token_logprobs(logits_row: torch.Tensor, token: int, top: int) -> dict[int, float]:

@@ -74,6 +74,8 @@ class CompletionOutput:
     logprobs: list[dict[int, float]] | None = None
     queue_time: float | None = None  # seconds from arrival to first being scheduled
     origins: list[str] | None = None  # one TokenOrigin per output token
+    # vLLM's: the stop string or stop token id that ended it (None: EOS, length, abort)
+    stop_reason: str | int | None = None
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -90,6 +92,7 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     queue_time: float | None = None  # seconds from arrival to its first completion's scheduling
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (vLLM's name)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -147,6 +150,7 @@ class EngineStats:
     rolling_acceptance: float | None
     healthy: bool  # rolling acceptance >= 0.6 (or nothing drafted yet)
     kv_touched_bytes: int = 0  # KV pool bytes ever taken (resident), at most the budget
+    held: int = 0  # sequences held because their readers are behind (counted in running/waiting)
     # (part, on oneDNN) for each projection and "attention" of the prefill path's choice
     prefill_onednn: tuple[tuple[str, bool], ...] = ()
     prefill_dense_bytes: int = 0  # bytes of its dense (bf16) weights beside the int4 ones

@@ -23,6 +23,7 @@ class Request:
     arrival: float
     speculation: SpeculationOverride | None = None
     grammar: object = None  # a compiled grammar (`sampling.grammar.Grammar`) or None
+    client: str | None = None  # whom it serves (slots are shared among clients)
     seqs: list[Sequence] = field(default_factory=list)  # [n]
     error: BaseException | None = None  # why it failed in the engine, if it did
 

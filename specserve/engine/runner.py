@@ -111,6 +111,16 @@ def default_kv_cache_memory(meminfo: Path = Path("/proc/meminfo")) -> int:
     return 2 << 30
 
 
+def kv_positions(target, draft, kv_cache_memory: int | None, block_size: int,
+                 kv_cache_dtype: str = "auto") -> int:
+    """Positions the KV budget holds for the target and the draft together (None: the default
+    from available RAM), counted in whole blocks: the longest sequence it could hold alone."""
+    memory = kv_cache_memory if kv_cache_memory is not None else default_kv_cache_memory()
+    per_token = target.kv_bytes_per_token(target.kv_cache_dtype(kv_cache_dtype)) + (
+        draft.kv_bytes_per_token(draft.kv_cache_dtype(kv_cache_dtype)) if draft else 0)
+    return memory // (per_token * block_size) * block_size
+
+
 def build_runners(target, draft, kv_cache_memory: int | None, block_size: int,
                   min_tokens: int, kv_cache_dtype: str = "auto"
                   ) -> tuple[ModelRunner, ModelRunner | None]:

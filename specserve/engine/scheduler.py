@@ -1,17 +1,30 @@
 """Which sequences run in a step, and with how many tokens each: a token budget, KV blocks,
-first come first served.
+slots shared among clients, first come first served within a client.
 
 Every step is one target pass. It holds, in this order:
-1. a decode or verify row group (the last token plus k drafts) for every running sequence
+1. a decode or verify row group (the last token plus k drafts) for every scheduled sequence
    that has finished its prefill, oldest first; each grows its blocks to hold them. When the
-   blocks run out, the newest running sequence is preempted (its blocks freed, itself put
-   back at the front of the waiting queue to be recomputed later) until the growth fits;
+   blocks run out, a held sequence is preempted first, else the newest running one (its
+   blocks freed, itself put back at the front of the waiting queue to be recomputed later),
+   until the growth fits;
 2. prefill chunks, with what is left of `max_num_batched_tokens` (decode rows always run):
-   first for running sequences still prefilling, oldest first, then for waiting sequences,
-   which are admitted in arrival order while the budget, `max_num_seqs` and the blocks allow.
-   A new sequence first takes the blocks of its prompt that the prefix cache holds.
+   first for scheduled sequences still prefilling, oldest first, then for waiting sequences,
+   admitted while the budget, a free slot and the blocks allow (a held sequence is preempted
+   to make room for one that cannot otherwise fit). A new sequence first takes the blocks of
+   its prompt that the prefix cache holds.
 
-Admission keeps one free block per running sequence in reserve (a watermark), so a newly
+Slots: at most `max_num_seqs` sequences are scheduled in a step: the running ones that are not
+held, oldest first. A held sequence (`hold`: its reader has more than a bounded amount of its
+output unread) keeps its blocks and its place but is not scheduled and leaves its slot to the
+others; released, it is scheduled again once a slot is free.
+
+Clients (`Sequence.client`, whom a request serves: one user's burst must not hold every slot):
+the next sequence admitted is the oldest waiting one of the client that runs the fewest now;
+when every slot is taken and a waiting sequence's client runs at least two fewer than the
+client that runs the most, that client's newest sequence is preempted for it (one per step),
+so the slots even out among the clients that want them while one client alone may use all.
+
+Admission keeps one free block per decoding sequence in reserve (a watermark), so a newly
 admitted prompt does not take the blocks the running sequences need for their next rows and
 then get preempted at once. A sequence that does not fit in the whole cache cannot exist: the
 engine refuses a cache smaller than one `max_model_len` sequence.
@@ -19,8 +32,9 @@ engine refuses a cache smaller than one `max_model_len` sequence.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
+
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.sequence import Sequence, Status
 
@@ -72,6 +86,19 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_runnable(self) -> bool:
+        """Whether a sequence that is not held waits or runs (a step would do something)."""
+        return any(not s.held for s in self.running) or any(not s.held for s in self.waiting)
+
+    def hold(self, seqs: list[Sequence], held: bool) -> None:
+        """Hold sequences (not scheduled, their slots to others) or release them."""
+        for seq in seqs:
+            seq.held = held
+
+    @property
+    def num_held(self) -> int:
+        return sum(s.held for s in self.running) + sum(s.held for s in self.waiting)
+
     def retire(self) -> list[Sequence]:
         """Take the finished sequences out of the running set and free their blocks."""
         done = [s for s in self.running if s.finished]
@@ -91,14 +118,20 @@ class Scheduler:
         self.blocks.register(seq.table, seq.token_ids, seq.num_cached)
 
     # ------------------------------------------------------------------ the plan
+    def scheduled(self) -> list[Sequence]:
+        """The running sequences a step runs: those not held, oldest first, at most
+        `max_num_seqs` of them."""
+        return [s for s in self.running if not s.held][:self.max_num_seqs]
+
     def decoding(self) -> list[Sequence]:
-        """The running sequences past their prefill, oldest first: the next step's decode
+        """The scheduled sequences past their prefill, oldest first: the next step's decode
         rows (whose drafts the speculation controller plans before `schedule`)."""
-        return [s for s in self.running if not s.prefilling]
+        return [s for s in self.scheduled() if not s.prefilling]
 
     def has_prefill_work(self) -> bool:
         """Whether a prompt is prefilling or waiting to (the next step may carry a chunk)."""
-        return bool(self.waiting) or any(s.prefilling for s in self.running)
+        return any(not s.held for s in self.waiting) or any(s.prefilling
+                                                            for s in self.scheduled())
 
     def schedule(self, drafts: dict[int, int] | None = None) -> StepPlan:
         """Plan one step; `drafts` maps a decoding sequence's id to the drafts it wants
@@ -106,6 +139,7 @@ class Scheduler:
         for them without preempting; the plan's `preempted` sequences lost their blocks."""
         plan = StepPlan()
         drafts = drafts or {}
+        self._rebalance(plan)
         for seq in self.decoding():
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
@@ -117,28 +151,68 @@ class Scheduler:
             plan.decode.append(seq)
             plan.ks.append(k)
         budget = self.max_num_batched_tokens - sum(k + 1 for k in plan.ks)
-        for seq in [s for s in self.running if s.prefilling]:
+        for seq in [s for s in self.scheduled() if s.prefilling]:
             if budget <= 0:
                 break
             if seq.status is not Status.RUNNING:
                 continue
             n = self._chunk(seq, budget, plan)
             budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            if seq in plan.preempted:
-                break  # it just gave its blocks up: no room for it in this step
+        while budget > 0 and self._free_slots() > 0:
+            seq = self._next_waiting()
+            if seq is None or seq in plan.preempted:
+                break  # none, or it just gave its blocks up: no room for it in this step
             n = self._admit(seq, budget, plan)
             if n < 0:
                 break
             budget -= n
         return plan
 
+    def _free_slots(self) -> int:
+        return self.max_num_seqs - sum(1 for s in self.running if not s.held)
+
+    def _active(self) -> Counter:
+        """Sequences each client has running and not held."""
+        return Counter(s.client for s in self.running if not s.held)
+
+    def _next_waiting(self) -> Sequence | None:
+        """The waiting sequence to admit next: not held, of the client that runs the fewest
+        now, the oldest of that client's (the queue's order: a preempted one first)."""
+        active = self._active()
+        best, fewest = None, None
+        for seq in self.waiting:
+            if seq.held:
+                continue
+            count = active[seq.client]
+            if fewest is None or count < fewest:
+                best, fewest = seq, count
+        return best
+
+    def _rebalance(self, plan: StepPlan) -> None:
+        """Every slot taken and a waiting sequence's client running at least two fewer than
+        the client that runs the most: that client's newest running sequence gives its slot
+        up (preempted; it waits and is recomputed later)."""
+        if self._free_slots() > 0:
+            return
+        waiting = self._next_waiting()
+        if waiting is None:
+            return
+        active = self._active()
+        top = max(active, key=active.get, default=None)
+        if top is None or active[top] < active[waiting.client] + 2:
+            return
+        victim = next(s for s in reversed(self.running) if s.client == top and not s.held)
+        self._preempt(victim, plan)
+
+    def _victim(self) -> Sequence:
+        """The sequence to preempt when blocks run out: the newest held one, else the newest."""
+        return next((s for s in reversed(self.running) if s.held), self.running[-1])
+
     def _grow(self, seq: Sequence, num_tokens: int, plan: StepPlan) -> bool:
         """Blocks for `num_tokens` positions of `seq`, preempting the newest running sequences
         while they do not fit; False when `seq` itself was preempted."""
         while not self.blocks.reserve(seq.table, num_tokens):
-            victim = self.running[-1]
+            victim = self._victim()
             self._preempt(victim, plan)
             if victim is seq:
                 return False
@@ -158,31 +232,42 @@ class Scheduler:
         return n
 
     def _admit(self, seq: Sequence, budget: int, plan: StepPlan) -> int:
-        """Admit the first waiting sequence with its first chunk; −1 when it must wait."""
+        """Admit a waiting sequence with its first chunk (preempting held sequences while it
+        does not fit otherwise); −1 when it must wait."""
         # a fresh prompt needs its last position computed (its logits); a recomputation not
         tokens = seq.token_ids
         limit = seq.prefill_end - (1 if seq.prefill_end == len(tokens) else 0)
         hit = self.blocks.match_prefix(seq.table, tokens, limit)
         seq.num_cached = hit
-        watermark = sum(1 for s in self.running if not s.prefilling)
-        n = min(seq.prefill_end - hit, budget)
-        spare = self.blocks.num_available - watermark
-        n = min(n, len(seq.table.blocks) * self.blocks.block_size + spare * self.blocks.block_size
-                - hit)
+        n = self._fits(seq, hit, budget)
+        while n <= 0 and seq.prefill_end > hit and any(s.held for s in self.running):
+            self._preempt(self._victim(), plan)
+            n = self._fits(seq, hit, budget)
         if n <= 0 and seq.prefill_end > hit:
             self.blocks.free(seq.table)  # waiting sequences hold no blocks
             seq.num_cached = 0
             return -1
-        self.waiting.popleft()
+        self.waiting.remove(seq)
         self.blocks.reserve(seq.table, hit + n)
         seq.status = Status.RUNNING
         self.running.append(seq)
         plan.admitted.append(seq)
         self.prefix_cache_hit_tokens += hit
+        if seq.num_output == 0:
+            seq.prefix_hit = hit
         if n > 0:
             plan.chunks.append(Chunk(seq, hit, n))
             self.prompt_tokens_computed += n
         return n
+
+    def _fits(self, seq: Sequence, hit: int, budget: int) -> int:
+        """Prompt positions beyond `hit` that `seq`'s first chunk may take now: within the
+        budget and the blocks, one free block kept per decoding sequence (the watermark)."""
+        watermark = sum(1 for s in self.running if not s.prefilling and not s.held)
+        spare = self.blocks.num_available - watermark
+        n = min(seq.prefill_end - hit, budget)
+        return min(n, len(seq.table.blocks) * self.blocks.block_size
+                   + spare * self.blocks.block_size - hit)
 
     def _room(self, seq: Sequence) -> int:
         """Positions `seq` could hold beyond its cached ones with the blocks available now."""

@@ -39,6 +39,7 @@ class Sequence:
     status: Status = Status.WAITING
     table: BlockTable = field(default_factory=BlockTable)  # its blocks in the target's KV cache
     num_cached: int = 0  # positions of the target's KV cache computed (see the module doc)
+    prefix_hit: int = 0  # prompt positions the prefix cache gave when it was first admitted
     # positions to compute before the first round: the prompt (the last chunk's logits give
     # the first token) or, after a preemption, every token but the last (no sampling)
     prefill_end: int = 0
@@ -50,6 +51,8 @@ class Sequence:
     out: object = None  # its output state (`output_processor.CompletionState`)
     spec: object = None  # the speculation controller's state of it (None: no speculation)
     grammar: object = None  # its grammar matcher when the request is constrained
+    client: str | None = None  # whom the request serves (the scheduler shares slots by it)
+    held: bool = False  # its reader is behind: not scheduled until released (the scheduler's)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -1,6 +1,16 @@
 """Models named by their Hugging Face Hub id, `org/repo` or `org/repo:QUANT`, fetched through
 `huggingface_hub`: its cache, `HF_TOKEN`, `HF_ENDPOINT`, `HF_HUB_OFFLINE`, downloads that
-resume and are checked against the Hub's size, with a progress bar.
+resume, with a progress bar.
+
+Every file is checked against the digest the Hub publishes for it before it is used, fresh
+or cached, resumed or whole: an LFS file (weights) by its sha256, any other by its git blob
+id (a sha1 over `blob <size>\\0` and the bytes). Online the digests come with the file list
+(`files_metadata`); offline, from the cache's own blob names (huggingface_hub names a blob
+by the ETag the Hub sent: the sha256 of an LFS file, the git id of another). A weights file
+once hashed is stamped as the registry's files are (`registry.verify_sha256`), so a load does
+not hash it again while it stays as it was. A mismatch is a DownloadError naming the file and
+both digests; the bad copy is deleted (blob and link), so nothing corrupt stays in the cache
+and the next try downloads it afresh.
 
 Which files a name means (llama.cpp's `-hf` rules for GGUF):
 - `org/repo:QUANT`: the GGUF file whose name holds QUANT followed by `.` or `-`, in any case
@@ -19,17 +29,20 @@ Nothing here touches the network until `fetch` is called.
 
 from __future__ import annotations
 
+import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
 
-from specserve.hub.registry import DownloadError
+from specserve.hub.registry import DownloadError, verify_sha256
 
 _NAME = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95})"
                    r"(?::(?P<quant>[A-Za-z0-9][\w.-]*))?")
 _SPLIT = re.compile(r"(?P<prefix>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf", re.I)
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
 DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")
 FOLDER_FILES = ("config.json", "generation_config.json", "tokenizer.json",
@@ -71,11 +84,13 @@ class HubAccess:
 
 @dataclass(frozen=True, slots=True)
 class Listing:
-    """A repository's files at one commit, from the Hub (`online`) or from the cache."""
+    """A repository's files at one commit, from the Hub (`online`) or from the cache, and the
+    digest of each that has one (file → ("sha256" | "git", hex digest))."""
 
     commit: str
     files: tuple[str, ...]
     online: bool
+    digests: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def fetch(name: HubName, access: HubAccess = HubAccess()) -> list[Path]:
@@ -164,7 +179,7 @@ def list_files(name: HubName, access: HubAccess) -> Listing:
                                              "download the model")
     api = hub.HfApi(endpoint=access.endpoint)
     try:
-        info = api.model_info(name.repo, revision=REVISION)
+        info = api.model_info(name.repo, revision=REVISION, files_metadata=True)
     except errors.GatedRepoError:
         raise ValueError(f"{name.repo}: a gated repository; accept its terms on the Hub and set "
                          f"HF_TOKEN to a token of that account") from None
@@ -181,7 +196,10 @@ def list_files(name: HubName, access: HubAccess) -> Listing:
         return _cached_listing(name, access, f"cannot reach the Hub at {_endpoint(access)} "
                                              f"({_reason(e)}); check the network, HF_ENDPOINT "
                                              f"and proxy settings")
-    return Listing(info.sha, tuple(s.rfilename for s in info.siblings or ()), True)
+    siblings = info.siblings or ()
+    digests = {s.rfilename: ("sha256", s.lfs.sha256) if s.lfs is not None else ("git", s.blob_id)
+               for s in siblings if s.lfs is not None or s.blob_id}
+    return Listing(info.sha, tuple(s.rfilename for s in siblings), True, digests)
 
 
 def _cached_listing(name: HubName, access: HubAccess, why: str) -> Listing:
@@ -189,9 +207,20 @@ def _cached_listing(name: HubName, access: HubAccess, why: str) -> Listing:
     if snapshot is None:
         raise DownloadError(f"{name.repo}: not in the Hugging Face cache "
                             f"({_cache_dir(access)}) and {why}")
-    files = tuple(sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*")
-                         if p.is_file()))
-    return Listing(snapshot.name, files, False)
+    paths = {p.relative_to(snapshot).as_posix(): p for p in snapshot.rglob("*") if p.is_file()}
+    return Listing(snapshot.name, tuple(sorted(paths)), False,
+                   {f: d for f, p in paths.items() if (d := _blob_digest(p)) is not None})
+
+
+def _blob_digest(path: Path) -> tuple[str, str] | None:
+    """The digest a cached file's blob is named by (None: the cache keeps no blobs by name,
+    e.g. where it could not make links)."""
+    blob = path.resolve().name
+    if _SHA256.fullmatch(blob):
+        return "sha256", blob
+    if _COMMIT.fullmatch(blob):
+        return "git", blob
+    return None
 
 
 def _cached_snapshot(repo: str, access: HubAccess) -> Path | None:
@@ -201,10 +230,12 @@ def _cached_snapshot(repo: str, access: HubAccess) -> Path | None:
     storage = _cache_dir(access) / repo_folder_name(repo_id=repo, repo_type="model")
     try:
         commit = (storage / "refs" / REVISION).read_text().strip()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not _COMMIT.fullmatch(commit):  # a commit id, never a path (`../..`)
         return None
     snapshot = storage / "snapshots" / commit
-    return snapshot if commit and snapshot.is_dir() else None
+    return snapshot if snapshot.is_dir() else None
 
 
 def _download(name: HubName, filename: str, listing: Listing, access: HubAccess) -> Path:
@@ -215,7 +246,7 @@ def _download(name: HubName, filename: str, listing: Listing, access: HubAccess)
         # online by the branch, so that huggingface_hub records where `main` points for
         # offline use; offline by the cached snapshot's commit
         revision = REVISION if listing.online else listing.commit
-        return Path(hub.hf_hub_download(
+        path = Path(hub.hf_hub_download(
             name.repo, filename, revision=revision, endpoint=access.endpoint,
             cache_dir=access.cache_dir, local_files_only=not listing.online,
             tqdm_class=None if access.progress else _QuietBar))
@@ -232,6 +263,39 @@ def _download(name: HubName, filename: str, listing: Listing, access: HubAccess)
     except Exception as e:  # the transfer broke off: the next try resumes it
         raise DownloadError(f"{name.repo}: downloading {filename} failed ({_reason(e)}); run "
                             f"the command again to resume") from None
+    _verify(name, filename, path, listing.digests.get(filename), access)
+    return path
+
+
+def _verify(name: HubName, filename: str, path: Path, digest: tuple[str, str] | None,
+            access: HubAccess) -> None:
+    """Check a downloaded or cached file against the Hub's digest; a mismatch deletes it (blob
+    and link) and is a DownloadError. A file the Hub gave no digest for passes as it is."""
+    if digest is None:
+        return
+    kind, expected = digest
+    blob = path.resolve()
+    if kind == "sha256":
+        problem = verify_sha256(blob, expected, f"verify {filename}", access.progress)
+    else:
+        actual = _git_blob_id(blob)
+        problem = None if actual == expected else f"git blob id {actual}"
+    if problem is None:
+        return
+    blob.unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
+    raise DownloadError(f"{name.repo}: {filename} is corrupt ({problem}; the Hub says "
+                        f"{kind} {expected}); the bad copy was deleted: run the command again "
+                        f"to download it afresh")
+
+
+def _git_blob_id(path: Path) -> str:
+    """Git's id of a file's bytes: sha1 of `blob <size>\\0` and the bytes."""
+    digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class _QuietBar(tqdm):

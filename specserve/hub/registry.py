@@ -264,20 +264,44 @@ def check_cached(source: ModelSource, cache: Path | None = None, progress: bool 
     if not rehash and _read_sidecar(path) == _stamp(st, source.sha256):
         return path
     _say(f"verifying {source.filename} (sha256 of {source.size / 1e6:.0f} MB)", progress)
-    for _ in range(2):  # a file that changes while it is hashed is hashed again, once
-        actual = _hash_file(path, f"verify {source.alias}", progress)
-        after = path.stat()
-        if (after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino) == \
-                (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino):
-            break
-        st = after
-    else:
+    st, actual = _hash_unchanging(path, st, f"verify {source.alias}", progress)
+    if actual is None:
         raise CorruptModelError(_corrupt(source, path, "it kept changing while it was verified"))
     if actual != source.sha256:
         _sidecar(path).unlink(missing_ok=True)
         raise CorruptModelError(_corrupt(source, path, f"sha256 {actual}, expected {source.sha256}"))
     _write_sidecar(path, _stamp(st, source.sha256))
     return path
+
+
+def verify_sha256(path: Path, sha256: str, desc: str, progress: bool = False) -> str | None:
+    """None when the file at `path` holds the bytes of `sha256`: by its stamp while that still
+    matches `os.stat` of the file, else by hashing it (and stamping it); else what it holds
+    instead: its sha256, or why it could not be hashed."""
+    st = path.stat()
+    if _read_sidecar(path) == _stamp(st, sha256):
+        return None
+    st, actual = _hash_unchanging(path, st, desc, progress)
+    if actual != sha256:
+        _sidecar(path).unlink(missing_ok=True)
+        return f"sha256 {actual}" if actual else "it kept changing while it was verified"
+    _write_sidecar(path, _stamp(st, sha256))
+    return None
+
+
+def _hash_unchanging(path: Path, st: os.stat_result, desc: str,
+                     progress: bool) -> tuple[os.stat_result, str | None]:
+    """(the file's stat, its sha256) once a hash ran while the file did not change (a file
+    that changes while it is hashed is hashed again, once); None for the hash if it changed
+    both times."""
+    for _ in range(2):
+        actual = _hash_file(path, desc, progress)
+        after = path.stat()
+        if (after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino) == \
+                (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino):
+            return st, actual
+        st = after
+    return st, None
 
 
 def _corrupt(source: ModelSource, path: Path, detail: str) -> str:

@@ -24,6 +24,8 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from specserve import json_depth
+
 BASE_ROLES = ("system", "user", "assistant")
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 
@@ -94,7 +96,9 @@ def _check_tool_calls(where: str, calls: object) -> list[dict]:
                              f"{{'name', 'arguments'}}}}, got {call!r}")
         arguments = function.get("arguments", "{}")
         if isinstance(arguments, str):
+            json_depth.check_text(arguments, f"{where}[{j}].function.arguments")
             arguments = _json_object_or_text(arguments)
+        json_depth.check_value(arguments, f"{where}[{j}].function.arguments")
         checked.append({**call, "function": {**function, "arguments": arguments}})
     return checked
 
@@ -126,11 +130,13 @@ def _content_text(where: str, content: object) -> str:
 
 def check_tools(tools: object) -> list[dict] | None:
     """The OpenAI tool list a template takes (None: no tools): each a dict
-    `{"type": "function", "function": {"name": str, ...}}`."""
+    `{"type": "function", "function": {"name": str, ...}}`, nested at most
+    `json_depth.MAX_DEPTH` deep."""
     if tools is None:
         return None
     if not isinstance(tools, list):
         raise ValueError(f"tools must be a list of tool dicts, got {tools!r}")
+    json_depth.check_value(tools, "tools")
     for i, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):

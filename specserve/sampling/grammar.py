@@ -2,7 +2,9 @@
 
 `GrammarCompiler` (one per model vocabulary) compiles a `StructuredOutputsParams` into a
 `Grammar` (immutable, cached, shared by sequences and threads); each sequence walks it with
-its own `GrammarMatcher` (one thread at a time).
+its own `GrammarMatcher` (one thread at a time). A grammar someone still holds (a prepared
+request, a running one) is found again for its spec even once the LRU cache has let it go, so
+the grammar a request was prepared with is the one it runs with, never compiled a second time.
 
 A mask is bool [vocab_size], True where a token is legal now:
 - EOS (the tokenizer's `eos_token_ids`) is legal exactly where the output may end (the only
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import weakref
 from collections import OrderedDict
 
 import numpy as np
@@ -63,25 +66,33 @@ class GrammarCompiler:
         self._eos_only = _packed_of(eos, vocab_size)  # [words]
         self._limits = LLParserLimits(verbose_errors=False)
         self._cache: OrderedDict[str, Grammar] = OrderedDict()
+        self._live: weakref.WeakValueDictionary[str, Grammar] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
+        self.compiled = 0  # grammars built (cache misses)
 
     def compile(self, spec: StructuredOutputsParams) -> Grammar:
-        """The compiled grammar of `spec` (the same object for the same `spec.key()` while it
-        stays in the LRU cache). ValueError naming the field where `spec` cannot be enforced:
-        a schema keyword the engine does not support, an invalid or too large regex, a
-        grammar over llguidance's limits."""
+        """The compiled grammar of `spec`: the same object for the same `spec.key()` while it
+        stays in the LRU cache or anyone holds it. ValueError naming the field where `spec`
+        cannot be enforced: a schema keyword the engine does not support, an invalid or too
+        large regex, a grammar over llguidance's limits."""
         key = spec.key()
         with self._lock:
-            if (grammar := self._cache.get(key)) is not None:
-                self._cache.move_to_end(key)
+            if (grammar := self._cache.get(key) or self._live.get(key)) is not None:
+                self._keep(key, grammar)
                 return grammar
         grammar = self._build(spec)
         with self._lock:
-            grammar = self._cache.setdefault(key, grammar)
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
+            self.compiled += 1
+            grammar = self._cache.get(key) or self._live.setdefault(key, grammar)
+            self._keep(key, grammar)
         return grammar
+
+    def _keep(self, key: str, grammar: Grammar) -> None:
+        """Make `grammar` the cache's most recent entry (under the lock)."""
+        self._cache[key] = grammar
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
 
     def _build(self, spec: StructuredOutputsParams) -> Grammar:
         field = f"structured_outputs.{spec.kind}"

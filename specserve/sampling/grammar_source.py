@@ -6,13 +6,17 @@ templates render tool calls: `", "` between items, `": "` after keys, no other w
 object properties come in the schema's order. So a schema's keys, constants and brackets
 are forced text, which the grammar drafts.
 
-- `json`: the schema's own grammar; a JSON Schema keyword the engine cannot enforce is an
-  error naming it (llguidance's strict mode), never silently ignored;
+- `json`: the schema's own grammar, closed (`closed_schema`: an object schema that does not set
+  `additionalProperties` takes no other keys); a JSON Schema keyword the engine cannot enforce
+  is an error naming it (llguidance's strict mode), never silently ignored (`lenient`, for
+  the arguments of tools not marked strict, skips such keywords instead);
 - `json_object`: `{"type": "object"}`;
 - `regex`: Rust `regex` syntax (as Python's for common patterns), matching the whole output;
 - `choice`: one of the strings, exactly;
 - `structural`: `begin value (separator value)* end`, each value valid against the schema;
-  `triggered`: any text first (or only), the constraint starting at the first `begin`.
+  `triggered`: any text first (or only), the constraint starting at the first `begin`;
+- `grammar`: the Lark text as given (llguidance's dialect; `%json` values in it are written by
+  `json_rule`, which checks and closes their schemas).
 
 Cost bound: llguidance limits its own work per step (fuel), but a counted repetition expands
 under its regex engine (`(a{1000}){1000}` is a million states), so every regex (the `regex`
@@ -34,6 +38,7 @@ JSON_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 MAX_REGEX_SIZE = 10_000  # atoms of a regex with its counted repetitions expanded
 _COUNT = re.compile(r"\{(\d+)(,(\d*))?\}")
 _VALUES = ("const", "enum", "default", "examples")  # JSON data in a schema, not schemas
+_OPENERS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 
 
 def grammar_text(spec: StructuredOutputsParams) -> str:
@@ -47,20 +52,60 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
         return LLMatcher.grammar_from_regex(spec.regex)
     if spec.choice is not None:
         return LLMatcher.grammar_from_lark("start: " + " | ".join(map(_literal, spec.choice)))
+    if spec.grammar is not None:
+        return LLMatcher.grammar_from_lark(spec.grammar)
     return LLMatcher.grammar_from_lark(structural_lark(spec.structural))
 
 
-def json_schema(schema: dict | bool, field: str) -> dict:
-    """`schema` (`true`: any JSON value) with the compact JSON format set; its regexes checked."""
+def json_schema(schema: dict | bool, field: str, lenient: bool = False) -> dict:
+    """`schema` (`true`: any JSON value) closed, with the compact JSON format set; its regexes
+    checked. `lenient`: keywords the engine cannot enforce are skipped, not refused."""
     if schema is True:
         schema = {}
     check_patterns(schema, field)
-    return {**schema, "x-guidance": JSON_FORMAT}
+    return {**closed_schema(schema), "x-guidance": {**JSON_FORMAT, "lenient": lenient}}
+
+
+def json_rule(schema: dict | bool, field: str, lenient: bool = False) -> str:
+    """A Lark value holding one JSON value valid against `schema` (as `json_schema` gives it)."""
+    return "%json " + json.dumps(json_schema(schema, field, lenient), ensure_ascii=False)
+
+
+def closed_schema(schema: object) -> object:
+    """`schema` with `additionalProperties: false` on every object schema that sets none of
+    `additionalProperties`, `patternProperties`, `unevaluatedProperties`, through every
+    nested schema (the direct members of an `allOf` aside: closing each part would refuse
+    what the parts together allow). The schema given is not changed."""
+    if isinstance(schema, list):
+        return [closed_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key in _VALUES:
+            out[key] = value
+        elif key == "allOf" and isinstance(value, list):
+            out[key] = [_open_parts(s) for s in value]
+        else:
+            out[key] = closed_schema(value)
+    is_object = out.get("type") == "object" or "properties" in out
+    if is_object and not any(k in out for k in _OPENERS):
+        out["additionalProperties"] = False
+    return out
+
+
+def _open_parts(schema: object) -> object:
+    """A member of an `allOf`: its nested schemas closed, itself left as it is."""
+    closed = closed_schema(schema)
+    if isinstance(closed, dict) and isinstance(schema, dict) and not any(
+            k in schema for k in _OPENERS):
+        closed.pop("additionalProperties", None)
+    return closed
 
 
 def structural_lark(s: Structural) -> str:
     """A Lark grammar (llguidance's dialect) for text around JSON values."""
-    schema = json.dumps(json_schema(s.schema, "structured_outputs.structural.schema"))
+    value = json_rule(s.schema, "structured_outputs.structural.schema")
     body = "value"
     if s.separator is not None:
         body = f"value ({_literal(s.separator)} value)*" if s.separator else "value+"
@@ -72,7 +117,7 @@ def structural_lark(s: Structural) -> str:
                  "TEXT: /(?s:.*)/\n")
     else:
         start = f"start: {_literal(s.begin) if s.begin else ''} {body}\n"
-    return f"%llguidance {{}}\n{start}value: %json {schema}\n"
+    return f"%llguidance {{}}\n{start}value: {value}\n"
 
 
 def _literal(text: str) -> str:

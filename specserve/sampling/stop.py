@@ -35,7 +35,8 @@ class StopChecker:
     character comparisons made so far (the work the checker did).
     """
 
-    __slots__ = ("_stops", "_include", "_longest", "_fail", "_states", "_seen", "comparisons")
+    __slots__ = ("_stops", "_include", "_longest", "_fail", "_states", "_seen", "comparisons",
+                 "matched")
 
     def __init__(self, stop: tuple[str, ...], include_stop_str_in_output: bool) -> None:
         for entry in stop:
@@ -48,6 +49,7 @@ class StopChecker:
         self._states = [0] * len(self._stops)
         self._seen = 0  # characters of the followed text the matchers have consumed
         self.comparisons = 0
+        self.matched: str | None = None  # the stop string the last cut ended
 
     @classmethod
     def from_params(cls, params: SamplingParams) -> StopChecker:
@@ -65,7 +67,7 @@ class StopChecker:
         for end in range(new_text_start, len(text)):
             entry = self._advance(text[end])
             if entry is not None:
-                self._seen = end + 1
+                self._seen, self.matched = end + 1, entry
                 return end + 1 if self._include else end + 1 - len(entry)
         self._seen = len(text)
         return None

@@ -7,10 +7,18 @@ Exactly one constraint per request:
 - `regex`: the whole output matches the regular expression;
 - `choice`: the output is exactly one of the strings;
 - `structural`: text around JSON values (`Structural`), what a tool call in a model's
-  native format is (e.g. `<tool_call>\\n{...}\\n</tool_call>`).
+  native format is (e.g. `<tool_call>\\n{...}\\n</tool_call>`);
+- `grammar`: a Lark grammar in llguidance's dialect (vLLM's `grammar`), e.g. the tool-call
+  grammars the server builds (`server/tool_calls/call_grammar.py`).
 
-This module only states and checks the request's shape; `sampling/grammar.py` compiles it
-for the model's vocabulary (and refuses, naming it, any schema keyword it cannot enforce).
+JSON Schemas are closed: an object schema that does not set `additionalProperties` (nor
+`patternProperties`) takes no properties beyond its own, strict or not (as xgrammar's default
+and llama.cpp's converter); `additionalProperties: true` opens it (`grammar_source.py`).
+
+This module only states and checks the request's shape (a schema nested deeper than
+`json_depth.MAX_DEPTH` is refused here, before anything walks it); `sampling/grammar.py`
+compiles it for the model's vocabulary (and refuses, naming it, any schema keyword it cannot
+enforce).
 """
 
 from __future__ import annotations
@@ -18,7 +26,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-KINDS = ("json", "json_object", "regex", "choice", "structural")
+from specserve import json_depth
+
+KINDS = ("json", "json_object", "regex", "choice", "structural", "grammar")
 MAX_SPEC_CHARS = 1 << 16  # characters of a schema, regex or choice list (as JSON text)
 MAX_CHOICES = 256
 
@@ -44,19 +54,22 @@ class Structural:
             raise ValueError("structural.separator must be a string or None")
         if not isinstance(self.schema, dict):
             raise ValueError("structural.schema must be a JSON Schema object")
+        json_depth.check_value(self.schema, "structured_outputs.structural.schema")
         if self.triggered and not self.begin:
             raise ValueError("structural.begin must not be empty when triggered")
 
 
 @dataclass(frozen=True, slots=True)
 class StructuredOutputsParams:
-    """One of `json`, `json_object`, `regex`, `choice`, `structural` (see the module doc)."""
+    """One of `json`, `json_object`, `regex`, `choice`, `structural`, `grammar` (see the
+    module doc)."""
 
     json: dict | str | None = None
     json_object: bool = False
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     structural: Structural | None = None
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if self.choice is not None:
@@ -75,14 +88,18 @@ class StructuredOutputsParams:
             raise ValueError("structured_outputs must set exactly one of "
                              f"{', '.join(KINDS)}; got {given or 'none'}")
         if isinstance(self.json, str):
+            json_depth.check_text(self.json, "structured_outputs.json")
             try:
                 object.__setattr__(self, "json", json.loads(self.json))
             except ValueError as e:
                 raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
         if self.json is not None and not isinstance(self.json, (dict, bool)):
             raise ValueError("structured_outputs.json must be a JSON Schema (an object)")
+        json_depth.check_value(self.json, "structured_outputs.json")
         if self.regex is not None and not isinstance(self.regex, str):
             raise ValueError("structured_outputs.regex must be a string")
+        if self.grammar is not None and not isinstance(self.grammar, str):
+            raise ValueError("structured_outputs.grammar must be a string (a Lark grammar)")
         if self.structural is not None and not isinstance(self.structural, Structural):
             raise ValueError("structured_outputs.structural must be a Structural")
         if len(self.key()) > MAX_SPEC_CHARS:

@@ -1,5 +1,13 @@
-"""The FastAPI app: `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`,
-`/metrics`, the OpenAPI schema (`/openapi.json`, `/docs`) and the chat page (`/`, from `static/`).
+"""The FastAPI app: `/v1/chat/completions`, `/v1/completions`, the agents' wires
+(`/v1/responses`: OpenAI's Responses API; `/v1/messages` and `/v1/messages/count_tokens`:
+Anthropic's Messages API; `apis/`), `/v1/models`, `/health`, `/metrics`, the OpenAPI schema
+(`/openapi.json`, `/docs`) and the chat page (`/`, from `static/`).
+
+Every generation route goes the same way: its body becomes jobs in the intake (the wires
+through the chat request, so one template path, one parser and one grammar), then
+`_generate` runs them under the same admission, deadline and stream rules and hands the
+engine's output to the wire's renderer (`responses.ChatRenderer`, `apis/*_render.py`), whose
+parsing of the output runs off the event loop.
 
 `build_app` takes a running `EngineClient` (an `AsyncEngine`, or a `ReplicaPool`) and what the
 routes need to know about the model; it loads nothing, so tests and other front ends can build
@@ -8,10 +16,10 @@ bounds what a request may ask for (`limits.py`); `Admission` refuses work beyond
 bound with 429 (`admission.py`). Checking a body and preparing a request (template,
 tokenizing, compiling its grammar with the `GrammarCompiler` given, if any) run in the bounded
 `Intake` (`intake.py`), on worker threads, after a quick refusal when nothing more can be
-admitted, so a large body never holds up other streams or `/health`. A stream is read from the
-engine to its end whatever its client's pace (`ahead_of_client`): its admission hold ends when
-the engine is done with it, and a client that stops reading is dropped by the HTTP layer's
-write timeout (`http.py`).
+admitted, so a large body never holds up other streams or `/health`. A stream is paced by its
+client (`streams.py`): a client that stops reading has its engine request held, its slot
+given to others, and is dropped by the write timeout if it reads nothing more (`guard.py`,
+`http.py`).
 
 When the engine is dead (`EngineClient.dead_reason`: its thread died or a step hung; for
 replicas: none is live), every request, open or new, gets 503 `engine_dead` and `/health`
@@ -39,6 +47,11 @@ from specserve.engine.outputs import RequestOutput
 from specserve.models.tokenizer import Tokenizer
 from specserve.server import errors, sse
 from specserve.server.admission import Admission, Ticket
+from specserve.server.apis.jobs import messages_jobs, responses_jobs
+from specserve.server.apis.messages_render import MessagesRenderer
+from specserve.server.apis.messages_request import CountTokensRequest, MessagesRequest
+from specserve.server.apis.responses_render import ResponsesRenderer
+from specserve.server.apis.responses_request import ResponsesRequest
 from specserve.server.config import DEFAULT_MAX_BODY_BYTES
 from specserve.server.errors import APIError, from_value_error, internal_error
 from specserve.server.guard import Guard
@@ -50,14 +63,17 @@ from specserve.server.preparation import (GrammarCompiler, Job, ModelLimits, cha
 from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from specserve.server.response_bodies import (ChatCompletionResponse, CompletionResponse,
                                               ErrorResponse, ModelList)
-from specserve.server.responses import Responder, Shape
+from specserve.server.responses import ChatRenderer, Responder, Shape
 from specserve.server.tool_calls import ToolSupport, tool_support
-from specserve.server.streams import ahead_of_client, merged, unless_disconnected, until
+from specserve.server.streams import (HEARTBEAT, ahead_of_client, merged, unless_disconnected,
+                                      until, with_heartbeats)
 
 log = logging.getLogger("specserve.server")
+HEARTBEAT_S = 10.0  # a stream quiet this long (a long prefill) sends its wire's keep-alive
 STATIC = Path(__file__).with_name("static")  # the chat page at `/` (issue 17): plain HTML/CSS/JS
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
-                                           "frame-ancestors 'none'",
+                                           "frame-ancestors 'none'; base-uri 'none'; "
+                                           "form-action 'self'",
                 "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
 ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text in [
     (400, "invalid request: malformed JSON, wrong type, out-of-range value, prompt or max_tokens "
@@ -70,6 +86,9 @@ ERRORS = {status: {"model": ErrorResponse, "description": text} for status, text
 STREAM_DOC = {"description": "the response; with `stream: true`, server-sent events of chunks "
                              "ending in `data: [DONE]`",
               "content": {sse.MEDIA_TYPE: {"schema": {"type": "string"}}}}
+WIRE_STREAM_DOC = {"description": "the response; with `stream: true`, the API's named "
+                                  "server-sent events",
+                   "content": {sse.MEDIA_TYPE: {"schema": {"type": "string"}}}}
 
 
 @dataclass
@@ -113,11 +132,9 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse,
               responses={**ERRORS, 200: STREAM_DOC})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        jobs = await _prepare(state, lambda: chat_jobs(body, state.tokenizer, state.limits,
-                                                       state.bounds, state.tools, state.compiler),
-                            body.n)
-        return await _generate(state, request, body, jobs, Shape(chat=True), "chatcmpl",
-                               jobs[0].params.logprobs)
+        jobs = await _prepare(state, lambda: chat_jobs(body, *_context(state)), body.n)
+        return await _generate(state, request, body.stream, jobs, body.n, _chat_renderer(
+            state, body, jobs, Shape(chat=True), "chatcmpl", jobs[0].params.logprobs))
 
     @app.post("/v1/completions", response_model=CompletionResponse,
               responses={**ERRORS, 200: STREAM_DOC})
@@ -125,7 +142,28 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
         jobs = await _prepare(state, lambda: completion_jobs(body, state.tokenizer, state.limits,
                                                              state.bounds, state.compiler),
                             body.n)
-        return await _generate(state, request, body, jobs, Shape(chat=False), "cmpl", body.logprobs)
+        return await _generate(state, request, body.stream, jobs, body.n, _chat_renderer(
+            state, body, jobs, Shape(chat=False), "cmpl", body.logprobs))
+
+    @app.post("/v1/responses", responses={**ERRORS, 200: WIRE_STREAM_DOC})
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        """OpenAI's Responses API (stateless: see `apis/responses_request.py`)."""
+        jobs, names = await _prepare(state, lambda: responses_jobs(body, *_context(state)))
+        return await _generate(state, request, body.stream, jobs, 1, ResponsesRenderer(
+            body, names, jobs[0].tool_calls, _speculating(state, jobs)))
+
+    @app.post("/v1/messages", responses={**ERRORS, 200: WIRE_STREAM_DOC})
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        """Anthropic's Messages API (see `apis/messages_request.py`); errors in its shape."""
+        jobs = await _prepare(state, lambda: messages_jobs(body, *_context(state)))
+        return await _generate(state, request, body.stream, jobs, 1, MessagesRenderer(
+            body.model, len(jobs[0].prompt_ids), jobs[0].tool_calls, _speculating(state, jobs)))
+
+    @app.post("/v1/messages/count_tokens", responses=ERRORS)
+    async def count_tokens(body: CountTokensRequest) -> dict:
+        """The input tokens `/v1/messages` would give the same body (nothing is generated)."""
+        jobs = await _prepare(state, lambda: messages_jobs(body, *_context(state)), 0)
+        return {"input_tokens": len(jobs[0].prompt_ids)}
 
     @app.get("/v1/models", response_model=ModelList, responses={401: ERRORS[401]})
     async def models() -> dict:
@@ -154,7 +192,7 @@ def build_app(engine: EngineClient, tokenizer: Tokenizer, limits: ModelLimits, a
         """Prometheus text format."""
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def page() -> FileResponse:
         """The chat page: streaming answers with every token colored by its origin."""
         return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
@@ -186,7 +224,12 @@ def _document_400_not_422(app: FastAPI) -> None:
     app.openapi = openapi
 
 
-async def _prepare(state: ServerState, make_jobs, sequences: int = 1) -> list[Job]:
+def _context(state: ServerState) -> tuple:
+    """What `chat_jobs` takes after the request."""
+    return state.tokenizer, state.limits, state.bounds, state.tools, state.compiler
+
+
+async def _prepare(state: ServerState, make_jobs, sequences: int = 1):
     """The request's jobs, prepared in the intake once it is sure the request could be
     admitted now (`sequences`: at least as many as it asks for)."""
     if state.dead_reason is not None:
@@ -197,21 +240,32 @@ async def _prepare(state: ServerState, make_jobs, sequences: int = 1) -> list[Jo
     return await state.intake.run(make_jobs)
 
 
-async def _generate(state: ServerState, request: Request, body: SamplingFields, jobs: list[Job],
-                    shape: Shape, prefix: str, logprobs: int | None) -> Response:
-    request_id = f"{prefix}-{uuid.uuid4().hex}"
-    spec_on = state.limits.speculative and all(
+def _speculating(state: ServerState, jobs: list[Job]) -> bool:
+    return state.limits.speculative and all(
         j.speculation is None or j.speculation.enabled for j in jobs)
-    responder = Responder(shape, request_id, body.model, body.n, state.tokenizer, logprobs,
-                          body.return_token_origins, spec_on, jobs[0].tool_calls)
-    ticket = state.admission.admit(len(jobs) * body.n)
+
+
+def _chat_renderer(state: ServerState, body: SamplingFields, jobs: list[Job], shape: Shape,
+                   prefix: str, logprobs: int | None) -> ChatRenderer:
+    responder = Responder(shape, f"{prefix}-{uuid.uuid4().hex}", body.model, body.n,
+                          state.tokenizer, logprobs, body.return_token_origins,
+                          _speculating(state, jobs), jobs[0].tool_calls)
+    include_usage = bool(body.stream and body.stream_options and body.stream_options.include_usage)
+    return ChatRenderer(responder, include_usage)
+
+
+async def _generate(state: ServerState, request: Request, stream: bool, jobs: list[Job], n: int,
+                    renderer) -> Response:
+    """Run `jobs` (each of `n` completions) and answer with `renderer`'s body, or its events
+    as they come (`stream`)."""
+    request_id = uuid.uuid4().hex
+    ticket = state.admission.admit(len(jobs) * n)
     timeout = state.bounds.request_timeout
     deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = _stream(state, jobs, request_id, responder, include_usage, deadline, ticket)
-        weakref.finalize(chunks, ticket.release)  # also when the stream never starts
-        return StreamingResponse(ahead_of_client(chunks), media_type=sse.MEDIA_TYPE,
+    if stream:
+        events = _stream(state, jobs, request_id, renderer, deadline, ticket)
+        weakref.finalize(events, ticket.release)  # also when the stream never starts
+        return StreamingResponse(ahead_of_client(events), media_type=sse.MEDIA_TYPE,
                                  headers=sse.HEADERS)
     try:
         completed, outputs = await unless_disconnected(
@@ -220,7 +274,16 @@ async def _generate(state: ServerState, request: Request, body: SamplingFields, 
         ticket.release()
     if not completed:
         return Response(status_code=499)  # nobody is listening; the requests were aborted
-    return JSONResponse(responder.body(outputs))
+    body = await _off_loop(renderer, renderer.body, outputs)
+    return JSONResponse(body)
+
+
+async def _off_loop(renderer, work, *args):
+    """`work(*args)` on a worker thread where it parses model output (its time grows with
+    the output, which a client can make long), else here."""
+    if renderer.parses:
+        return await asyncio.to_thread(work, *args)
+    return work(*args)
 
 
 def _deltas(state: ServerState, jobs: list[Job], request_id: str, deadline: float | None):
@@ -245,27 +308,37 @@ async def _collect(state: ServerState, jobs: list[Job], request_id: str,
     return outputs
 
 
-async def _stream(state: ServerState, jobs: list[Job], request_id: str, responder: Responder,
-                  include_usage: bool, deadline: float | None, ticket: Ticket) -> AsyncIterator[str]:
-    """SSE chunks; the last one (before `[DONE]`) carries `speculative_stats`, and the usage
-    when asked for. Cancelled (the client went away) → the engine requests are aborted."""
+async def _stream(state: ServerState, jobs: list[Job], request_id: str, renderer,
+                  deadline: float | None, ticket: Ticket) -> AsyncIterator[str]:
+    """The renderer's events: its opening ones, one batch per engine step, its keep-alive
+    whenever `HEARTBEAT_S` pass without one (a long prompt's prefill), its closing ones once
+    every job has finished. Cancelled (the client went away) → the engine requests are
+    aborted; a failure once events are sent is the renderer's failure events."""
     outputs: list[RequestOutput | None] = [None] * len(jobs)
     try:
-        async for i, delta in _deltas(state, jobs, request_id, deadline):
+        for event in renderer.start():
+            yield event
+        deltas = _deltas(state, jobs, request_id, deadline)
+        async for item in with_heartbeats(deltas, HEARTBEAT_S):
+            if item is HEARTBEAT:
+                for event in renderer.keepalive():
+                    yield event
+                continue
+            i, delta = item
             _raise_engine_error(delta.error)
-            chunks = responder.chunks(i, delta.completions, include_usage)
+            events = await _off_loop(renderer, renderer.step, i, delta.completions)
             if delta.finished:
                 outputs[i] = delta.output
                 state.metrics.observe(delta.output)
             if all(o is not None for o in outputs):
-                chunks = _last_chunks(responder, chunks, outputs, include_usage)
-            for chunk in chunks:
-                yield sse.event(chunk)
+                events = await _off_loop(renderer, renderer.close, outputs, events)
+            for event in events:
+                yield event
     except Exception as e:  # noqa: BLE001 - headers are sent: the error goes in the stream
-        yield sse.event(_failure(state, e, request_id).body())
+        for event in renderer.failure(_failure(state, e, request_id)):
+            yield event
     finally:
         ticket.release()
-    yield sse.DONE
 
 
 def _failure(state: ServerState, e: Exception, request_id: str) -> APIError:
@@ -291,17 +364,6 @@ def _failure(state: ServerState, e: Exception, request_id: str) -> APIError:
 def _dead(reason: str) -> APIError:
     return APIError(503, f"the engine is dead ({reason}); this server answers no more requests "
                     f"until it is restarted", code="engine_dead")
-
-
-def _last_chunks(responder: Responder, chunks: list[dict], outputs: list[RequestOutput],
-                 include_usage: bool) -> list[dict]:
-    chunks = list(chunks)
-    if include_usage:
-        chunks.append(responder.usage_chunk(outputs))
-    elif not chunks:
-        chunks.append(responder.envelope(responder.shape.chunk_object, []))
-    chunks[-1]["speculative_stats"] = responder.stats(outputs)
-    return chunks
 
 
 def _raise_engine_error(error: BaseException | None) -> None:

@@ -56,6 +56,10 @@ class ServerConfig:
     max_slot_share: float = option(LIMITS.max_slot_share, "share of the sequence slots one "
                                    "request may hold at once")
     max_choices: int = option(LIMITS.max_choices, "prompts × n per request")
+    max_new_tokens: int | None = option(
+        LIMITS.max_new_tokens, "the most new tokens one completion gets: a request asking for "
+        "more, or for none, gets this many (as llama-server's -n; default: the room the "
+        "context leaves)")
     max_prompt_chars: int | None = option(
         LIMITS.max_prompt_chars, "characters of prompt text per request, checked before "
         "tokenizing (default: the context length times the longest token's characters, the "
@@ -82,8 +86,13 @@ class ServerConfig:
                                   "was sent unread before its connection is dropped and its "
                                   "request aborted")
     send_buffer_bytes: int = option(LIMITS.send_buffer_bytes, "the kernel's send buffer per "
-                                    "connection (SO_SNDBUF): what a client may leave unread "
-                                    "before the write timeout starts")
+                                    "connection (SO_SNDBUF): what a client may leave unread of "
+                                    "a response that is not streamed before the write timeout "
+                                    "starts")
+    max_unread_bytes: int = option(LIMITS.max_unread_bytes, "bytes a streaming client may "
+                                   "leave unread before its stream waits for it (its engine "
+                                   "request held, its slot to others) and the write timeout "
+                                   "starts")
     step_timeout: float = option(300.0, "seconds one engine step may take before the engine "
                                  "counts as dead (503 engine_dead, /health 503)")
 
@@ -133,4 +142,5 @@ class ServerConfig:
             allowed_hosts=hosts, max_connections=self.max_connections,
             keep_alive_s=self.keep_alive_timeout, header_timeout_s=self.header_timeout,
             body_timeout_s=self.body_timeout, write_timeout_s=self.write_timeout,
-            send_buffer_bytes=self.send_buffer_bytes)
+            send_buffer_bytes=self.send_buffer_bytes, max_unread_bytes=self.max_unread_bytes,
+            max_new_tokens=self.max_new_tokens)

@@ -1,4 +1,6 @@
-"""OpenAI-style error bodies: `{"error": {"message", "type", "param", "code"}}`.
+"""OpenAI-style error bodies: `{"error": {"message", "type", "param", "code"}}`; on the
+Anthropic Messages API's routes (`/v1/messages...`) Anthropic's: `{"type": "error", "error":
+{"type", "message"}}` (`body_for`).
 
 Everything a client can get wrong ends here as a 4xx: pydantic's validation errors (wrong
 types, out-of-range values, malformed JSON), `ValueError`s from sampling parameters or the
@@ -25,6 +27,12 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invali
          504: "timeout_error"}
 
 
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                   403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                   429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error"}
+ANTHROPIC_PATHS = "/v1/messages"
+
+
 class APIError(Exception):
     """A request the server refuses, with its HTTP status and OpenAI error fields."""
 
@@ -40,8 +48,18 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self, path: str = "") -> JSONResponse:
+        return JSONResponse(body_for(path, self), status_code=self.status, headers=self.headers)
+
+
+def anthropic_body(e: APIError) -> dict:
+    kind = ANTHROPIC_TYPES.get(e.status, "invalid_request_error" if e.status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": e.message}}
+
+
+def body_for(path: str, e: APIError) -> dict:
+    """The error body in the shape of the API `path` belongs to."""
+    return anthropic_body(e) if path.startswith(ANTHROPIC_PATHS) else e.body()
 
 
 def from_value_error(e: ValueError, code: str = "invalid_value") -> APIError:
@@ -74,20 +92,21 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError) -> JSONResponse:
-        return e.response()
+        return e.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, e: RequestValidationError) -> JSONResponse:
-        return from_validation_error(e).response()
+        return from_validation_error(e).response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status_code)
-        return APIError(e.status_code, str(e.detail), code=code).response()
+        return APIError(e.status_code, str(e.detail), code=code).response(request.url.path)
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, e: Exception) -> JSONResponse:
-        return internal_error(f"serving {request.url.path}", e, traceback=e).response()
+        error = internal_error(f"serving {request.url.path}", e, traceback=e)
+        return error.response(request.url.path)
 
 
 def internal_error(what: str, e: BaseException, *, traceback: BaseException | None,

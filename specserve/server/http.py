@@ -12,6 +12,10 @@ Every stage of a connection is bounded in time (`BoundedH11`):
   `send_buffer_bytes`, and the transport's) for `write_timeout_s` (writing stays paused that
   long) is dropped at once: the app sees the disconnect, so a stream it was sending is
   cancelled and its engine request aborted;
+- each request's scope carries its connection's `Backlog` (the extension `BACKLOG`): what it
+  was sent and its client has not taken yet (asyncio's buffer and the kernel's send queue),
+  so that a stream can wait for its reader long before those buffers fill, and drop it once
+  it has taken nothing for `write_timeout_s` (`Backlog.drained`, used by the guard);
 - the first SIGTERM or SIGINT starts the graceful drain; a second one forces the exit
   (`DrainingServer`: uvicorn itself forces only on a second SIGINT).
 
@@ -21,11 +25,17 @@ when only loopback Host names are allowed there).
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import ipaddress
 import json
 import logging
 import signal
 import socket
+import struct
+import sys
+import termios
+import time
 import weakref
 
 import uvicorn
@@ -35,6 +45,61 @@ from specserve.server.limits import LOOPBACK_HOSTS, ServerLimits
 
 log = logging.getLogger("specserve.server")
 DEFAULTS = ServerLimits()
+BACKLOG = "specserve.backlog"  # the scope extension holding the connection's `Backlog`
+# the kernel's count of bytes sent and not yet acknowledged by the peer (Linux: SIOCOUTQ)
+_OUTQ = termios.TIOCOUTQ if sys.platform.startswith("linux") else None
+POLL_S = (0.005, 0.2)  # how often a waiting stream looks again: first, and at most (doubling)
+
+
+class Backlog:
+    """What one connection was sent that its client has not taken: asyncio's write buffer plus
+    the kernel's send queue (bytes the client's side has not acknowledged; a client that stops
+    reading stops acknowledging once its own receive buffer is full). Holds its connection
+    weakly."""
+
+    def __init__(self, protocol: BoundedH11) -> None:
+        self._protocol = weakref.ref(protocol)
+
+    def unsent(self) -> int:
+        """Bytes sent or queued and not taken yet (0 once the connection is gone)."""
+        protocol = self._protocol()
+        transport = protocol.transport if protocol is not None else None
+        if transport is None or transport.is_closing():
+            return 0
+        return transport.get_write_buffer_size() + _kernel_unsent(transport)
+
+    async def drained(self, bound: int, timeout: float) -> None:
+        """Return once at most `bound` bytes are unsent; a client that takes nothing for
+        `timeout` seconds meanwhile is dropped (the connection aborted: the app sees it gone)."""
+        unsent = self.unsent()
+        if unsent <= bound:
+            return
+        delay, since = POLL_S[0], time.monotonic()
+        while True:
+            await asyncio.sleep(delay)
+            now, before, unsent = time.monotonic(), unsent, self.unsent()
+            if unsent <= bound:
+                return
+            if unsent < before:
+                since = now  # it took something: the clock starts again
+            elif now - since >= timeout:
+                protocol = self._protocol()
+                if protocol is not None and not protocol.transport.is_closing():
+                    log.debug("dropping a connection whose client took nothing of its last "
+                              "%d bytes in %.0f s", unsent, timeout)
+                    protocol.transport.abort()
+                return
+            delay = min(2 * delay, POLL_S[1])
+
+
+def _kernel_unsent(transport) -> int:
+    sock = transport.get_extra_info("socket")
+    if _OUTQ is None or sock is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
 
 
 class BoundedH11(H11Protocol):
@@ -65,8 +130,11 @@ class BoundedH11(H11Protocol):
         before = self.cycle
         super().handle_events()
         cycle = self.cycle
-        if cycle is not None and cycle is not before and cycle.more_body:  # a new head
-            self._arm("body", self.body_timeout_s, self._close_if_body_late, weakref.ref(cycle))
+        if cycle is not None and cycle is not before:  # a new head (its task not started yet)
+            cycle.scope.setdefault("extensions", {})[BACKLOG] = Backlog(self)
+            if cycle.more_body:
+                self._arm("body", self.body_timeout_s, self._close_if_body_late,
+                          weakref.ref(cycle))
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -4,7 +4,9 @@ Every bound the HTTP layer enforces lives here, with its default, so `build_app`
 `serve` flags share one declaration (docs/limits.md lists them all, with the fixed per-request
 bounds of the API; a test keeps it in step):
 
-- per request: `max_choices` (prompts × n, 400 beyond), `max_prompt_chars` (characters of
+- per request: `max_new_tokens` (the most new tokens one completion gets, as llama-server's
+  `-n`: a request asking for more, or for none, gets this many; None: the room the context
+  leaves), `max_choices` (prompts × n, 400 beyond), `max_prompt_chars` (characters of
   prompt text, counted before tokenizing, 400 beyond; None: derived from the context,
   `prompt_char_bound`), `max_messages` (messages of a chat request, and text parts over all
   of them, counted before the body is validated, 400 beyond), `max_slot_share` (the share of
@@ -23,7 +25,10 @@ bounds of the API; a test keeps it in step):
   not arrived whole this long after its head gets 408 and is closed), `send_buffer_bytes`
   (the kernel's send buffer of each connection, fixed: what a client can leave unread before
   writing to it pauses), `write_timeout_s` (a connection whose writing stays paused this long,
-  its client reading nothing, is dropped, and its request aborted).
+  its client reading nothing, is dropped, and its request aborted), `max_unread_bytes` (what
+  a streaming client may leave unread, sent or waiting to be, before its stream waits for it:
+  its engine request is then held, its slot given to others, until it reads; one that reads
+  nothing for `write_timeout_s` more is dropped).
 """
 
 from __future__ import annotations
@@ -52,11 +57,15 @@ class ServerLimits:
     body_timeout_s: float = 30.0
     write_timeout_s: float = 30.0
     send_buffer_bytes: int = 256 << 10
+    max_unread_bytes: int = 32 << 10
+    max_new_tokens: int | None = None
 
     def __post_init__(self) -> None:
         counts = ("max_choices", "max_messages", "max_preparing", "retry_after_s",
-                  "max_connections", "send_buffer_bytes")
-        for name in counts + (("max_prompt_chars",) if self.max_prompt_chars is not None else ()):
+                  "max_connections", "send_buffer_bytes", "max_unread_bytes")
+        optional = tuple(n for n in ("max_prompt_chars", "max_new_tokens")
+                         if getattr(self, n) is not None)
+        for name in counts + optional:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

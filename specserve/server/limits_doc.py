@@ -4,9 +4,10 @@ checks that the file is what this writes and that every field of `ServerLimits` 
 
 Three tables: the server's flags (`ServerConfig`'s options: default and help as declared), the
 fixed bounds of one request (read from the API's JSON schema: what a field's `maximum`,
-`maxItems` or `maxLength` says), and the fixed times of the HTTP layer and the replicas (read
-from their modules' constants; the replicas' module is read, not imported, so no Ray is
-needed).
+`maxItems`, `maxLength` or `pattern` says; and the constants the structured outputs and the
+JSON nesting bound declare), and the fixed times and sizes of the HTTP layer, the engine's step
+trace and the replicas (read from their modules' constants; the replicas' module is read, not
+imported, so no Ray is needed).
 """
 
 from __future__ import annotations
@@ -15,16 +16,22 @@ import ast
 import dataclasses
 from pathlib import Path
 
+from specserve import json_depth
+from specserve.engine import trace
 from specserve.options import describe, flag_name
-from specserve.server import intake, run
+from specserve.sampling import grammar_source, structured
+from specserve.clients.async_engine import HOLD_AFTER
+from specserve.server import intake, run, streams
 from specserve.server.config import ServerConfig
 from specserve.server.limits import ServerLimits
-from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, SpeculativeOptions
+from specserve.server.protocol import (ChatCompletionRequest, CompletionRequest,
+                                       FunctionDefinition, JsonSchema, SpeculativeOptions)
 
 HERE = Path(__file__).resolve().parent
 FLAGS = ("max_request_bytes", "max_connections", "keep_alive_timeout", "header_timeout",
-         "body_timeout", "write_timeout", "send_buffer_bytes", "max_preparing", "max_waiting",
-         "max_choices", "max_messages", "max_prompt_chars", "max_slot_share", "request_timeout",
+         "body_timeout", "write_timeout", "send_buffer_bytes", "max_unread_bytes",
+         "max_preparing", "max_waiting",
+         "max_new_tokens", "max_choices", "max_messages", "max_prompt_chars", "max_slot_share", "request_timeout",
          "step_timeout", "shutdown_timeout")
 # (model, field, the JSON schema keyword that bounds it, the field as a client writes it, what)
 REQUEST = (
@@ -44,6 +51,22 @@ REQUEST = (
      "the k of the mentored budget's entropy gate, on every verified row"),
     (SpeculativeOptions, "fly_top_k", "maximum", "speculative.fly_top_k",
      "the k of FLy's entropy gate, on every verified row"),
+    (ChatCompletionRequest, "tools", "maxItems", "tools", "functions a chat request offers"),
+    (FunctionDefinition, "name", "maxLength", "tools[].function.name",
+     "characters of a function's name, which matches `{pattern}`"),
+    (JsonSchema, "name", "maxLength", "response_format.json_schema.name",
+     "characters of a response format's name"),
+)
+# (what, the constant, what it counts)
+CONSTANTS = (
+    ("any JSON: the body, a schema, tool arguments", json_depth.MAX_DEPTH,
+     "levels of objects and arrays inside one another"),
+    ("the output's constraint (`structured_outputs`, `response_format`, `tools`)",
+     structured.MAX_SPEC_CHARS, "characters of the constraint as JSON text (schema, regex or "
+     "choices)"),
+    ("`structured_outputs.choice`", structured.MAX_CHOICES, "strings to choose from"),
+    ("`structured_outputs.regex`, a schema's `pattern` and `patternProperties`",
+     grammar_source.MAX_REGEX_SIZE, "atoms of a regex with its counted repetitions expanded"),
 )
 TIMES = (
     ("server/replicas/deployment.py", "STATS_PERIOD_S", "s between a replica's posts of its "
@@ -85,9 +108,10 @@ def schema_bound(schema: dict, keyword: str) -> int | None:
 def request_rows() -> list[str]:
     rows = []
     for model, name, keyword, label, what in REQUEST:
-        bound = schema_bound(model.model_json_schema()["properties"][name], keyword)
-        rows.append(f"| `{label}` | {bound} | {what} |")
-    return rows
+        schema = model.model_json_schema()["properties"][name]
+        bound = schema_bound(schema, keyword)
+        rows.append(f"| `{label}` | {bound} | {what.format(pattern=schema.get('pattern'))} |")
+    return rows + [f"| {label} | {value} | {what} |" for label, value, what in CONSTANTS]
 
 
 def constant(relative: str, name: str) -> float:
@@ -106,7 +130,14 @@ def time_rows() -> list[str]:
             f"| intake threads (server/intake.py) | {intake.Intake.__init__.__defaults__[0]} | "
             f"worker threads that parse and tokenize |",
             "| transport buffer | 64 KiB | asyncio's write buffer per connection: beyond it, "
-            "with the kernel's send buffer full, writing pauses and the write timeout runs |"]
+            "with the kernel's send buffer full, writing pauses and the write timeout runs (a "
+            "streamed response waits long before, at `--max-unread-bytes`) |",
+            f"| `HOLD_AFTER` (clients/async_engine.py) | {HOLD_AFTER} | deltas a stream's "
+            f"reader leaves untaken before its engine request is held (released at half) |",
+            f"| `READ_AHEAD` (server/streams.py) | {streams.READ_AHEAD} | chunks a stream is "
+            f"read ahead of its client |",
+            f"| `MAX_TRACE_BYTES` (engine/trace.py) | {trace.MAX_TRACE_BYTES} | bytes of the step "
+            f"trace file (`--trace-steps`) before it is rotated to `<file>.1` |"]
     for relative, name, what in TIMES:
         rows.append(f"| `{name}` ({relative}) | {constant(relative, name):g} | {what} |")
     return rows

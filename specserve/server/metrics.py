@@ -8,7 +8,8 @@ dashboards built for vLLM read it unchanged: the speculative counters
 `vllm:e2e_request_latency_seconds`, `vllm:request_queue_time_seconds`, the gauges
 `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, and the
 counters `vllm:num_preemptions`, `vllm:prompt_tokens`, `vllm:generation_tokens`,
-`vllm:request_success`. Ours carry `specserve:` (acceptance health, aborted requests, ...).
+`vllm:request_success`. Ours carry `specserve:` (acceptance health, aborted requests,
+sequences held for their readers, ...).
 Counters are exposed with Prometheus' `_total` suffix.
 
 Engine-wide figures are read from `EngineStats` when scraped (one source of truth, no copies);
@@ -52,6 +53,9 @@ class EngineCollector:
         spec = s.spec
         yield self._gauge("vllm:num_requests_running", "Requests in the running batch.", s.running)
         yield self._gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", s.waiting)
+        yield self._gauge("specserve:num_sequences_held", "Sequences held because their "
+                          "readers are behind (counted in running or waiting: not scheduled "
+                          "until their clients read).", s.held)
         yield self._gauge("vllm:kv_cache_usage_perc", "Fraction of the KV cache budget in use "
                           "(1 = 100%).", s.kv_usage)
         yield self._gauge("specserve:kv_cache_blocks_used", "KV cache blocks in use.", s.kv_blocks_used)

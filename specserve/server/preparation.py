@@ -30,8 +30,8 @@ from specserve.server.errors import APIError, from_value_error
 from specserve.server.limits import ServerLimits
 from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from specserve.server.tool_calls import ToolSupport, tool_support
-from specserve.server.tool_calls.constraints import (Constraint, chat_constraint,
-                                                     completion_constraint)
+from specserve.server.tool_calls.constraints import (Constraint, allowed_names,
+                                                     chat_constraint, completion_constraint)
 from specserve.server.tool_calls.conversation import choice_of, template_inputs
 from specserve.server.tool_calls.parser import ToolParsing
 
@@ -45,15 +45,17 @@ class GrammarCompiler(Protocol):
 
 @dataclass(frozen=True)
 class Job:
-    """One prompt of an API request, ready for the engine (which compiles its
-    `params.structured_outputs`: the server's compiler checked it and, sharing the engine's
-    cache, compiled it already). `tool_calls`: read tool calls out of the output in this
-    format (None: the output is plain text)."""
+    """One prompt of an API request, ready for the engine. `grammar`: its
+    `params.structured_outputs` compiled by the server's compiler, which the engine shares;
+    held here for the request's life, so that the engine finds this grammar for every engine
+    request of the job (every share of an `n` split) and never compiles it again. `tool_calls`:
+    read tool calls out of the output in this format (None: the output is plain text)."""
 
     prompt_ids: list[int]
     params: SamplingParams
     speculation: SpeculationOverride | None
     tool_calls: ToolParsing | None = None
+    grammar: object = None
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,12 @@ def check_model(requested: str, limits: ModelLimits) -> None:
 
 def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLimits,
               server: ServerLimits = ServerLimits(), tools: ToolSupport | None = None,
-              compiler: GrammarCompiler | None = None) -> list[Job]:
+              compiler: GrammarCompiler | None = None, bound_max_tokens: bool = False
+              ) -> list[Job]:
     """The request's job; `tools`: the model's tool support (`tool_support`, computed here
-    when not given)."""
+    when not given); `bound_max_tokens`: a max_tokens beyond the room the prompt leaves in the
+    context is that room (the agents' wires, whose clients ask for more than any context),
+    not a 400."""
     check_model(req.model, limits)
     check_choices(1, req.n, limits, server)
     if len(req.messages) > server.max_messages:
@@ -94,7 +99,7 @@ def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLim
         constraint = chat_constraint(req, tools.format, choice)
     except ValueError as e:
         raise field_error(e) from e
-    check_constraint(constraint, compiler)
+    grammar = check_constraint(constraint, compiler)
     texts = [m["content"] or "" for m in inputs.messages]
     check_chars(sum(map(len, texts)) + len(json.dumps(inputs.tools or [])), "messages", server)
     try:
@@ -107,9 +112,13 @@ def chat_jobs(req: ChatCompletionRequest, tokenizer: Tokenizer, limits: ModelLim
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     parsing = None if choice == "none" else ToolParsing(
-        tools.format, 1 if req.parallel_tool_calls is False else None)
-    job = _job(req, ids, "messages", max_tokens, param, logprobs, limits, constraint)
-    return [replace(job, tool_calls=parsing)]
+        tools.format, 1 if req.parallel_tool_calls is False else None,
+        frozenset(allowed_names(req, choice)))
+    if bound_max_tokens and max_tokens is not None:
+        max_tokens = min(max_tokens, max(1, limits.max_model_len - len(ids)))
+    job = _job(req, ids, "messages", max_tokens, param, logprobs, limits, constraint,
+               server.max_new_tokens)
+    return [replace(job, tool_calls=parsing, grammar=grammar)]
 
 
 def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelLimits,
@@ -120,7 +129,7 @@ def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelL
         constraint = completion_constraint(req)
     except ValueError as e:
         raise field_error(e) from e
-    check_constraint(constraint, compiler)
+    grammar = check_constraint(constraint, compiler)
     prompts = req.prompt
     if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
         prompts = [prompts]
@@ -132,18 +141,18 @@ def completion_jobs(req: CompletionRequest, tokenizer: Tokenizer, limits: ModelL
                if isinstance(prompt, str) else list(prompt))
         if any(t >= limits.vocab_size for t in ids):
             raise APIError(400, f"prompt: token ids must be < {limits.vocab_size}", param="prompt")
-        jobs.append(_job(req, ids, "prompt", req.max_tokens, "max_tokens", req.logprobs, limits,
-                         constraint))
+        jobs.append(replace(_job(req, ids, "prompt", req.max_tokens, "max_tokens", req.logprobs,
+                                 limits, constraint, server.max_new_tokens), grammar=grammar))
     return jobs
 
 
-def check_constraint(constraint: Constraint | None, compiler: GrammarCompiler | None) -> None:
-    """Compile a request's constraint (nothing without one or without a compiler); one the
-    compiler refuses is a 400 naming the field it came from."""
+def check_constraint(constraint: Constraint | None, compiler: GrammarCompiler | None) -> object:
+    """The compiled grammar of a request's constraint (None without one or without a
+    compiler); one the compiler refuses is a 400 naming the field it came from."""
     if constraint is None or compiler is None:
-        return
+        return None
     try:
-        compiler.compile(constraint.params)
+        return compiler.compile(constraint.params)
     except ValueError as e:
         raise APIError(400, f"{constraint.param}: {e}", param=constraint.param) from e
 
@@ -177,7 +186,8 @@ def _encode(tokenizer: Tokenizer, text: str, param: str, parse_special: bool) ->
 
 def _job(req: SamplingFields, ids: list[int], prompt_param: str, max_tokens: int | None,
          max_param: str, logprobs: int | None, limits: ModelLimits,
-         constraint: Constraint | None = None) -> Job:
+         constraint: Constraint | None = None, cap: int | None = None) -> Job:
+    """`cap`: the server's `max_new_tokens` (None: none)."""
     ctx = limits.max_model_len
     if not ids:
         raise APIError(400, f"{prompt_param}: the prompt is empty", param=prompt_param)
@@ -185,8 +195,12 @@ def _job(req: SamplingFields, ids: list[int], prompt_param: str, max_tokens: int
         raise APIError(400, f"{prompt_param}: the prompt has {len(ids)} tokens; this model's context "
                        f"is {ctx} tokens, with room for at least one new token needed",
                        param=prompt_param, code="context_length_exceeded")
+    if cap is not None:
+        max_tokens = cap if max_tokens is None else min(max_tokens, cap)
     if max_tokens is None:
         max_tokens = ctx - len(ids)
+    elif len(ids) + max_tokens > ctx and cap is not None and max_tokens == cap:
+        max_tokens = ctx - len(ids)  # the server's own bound never refuses a request
     elif len(ids) + max_tokens > ctx:
         raise APIError(400, f"{max_param}: {max_tokens} new tokens do not fit: the prompt has "
                        f"{len(ids)} tokens and this model's context is {ctx} tokens (at most "

@@ -165,7 +165,22 @@ class NamedToolChoice(_Body):
     function: NamedFunction
 
 
-ToolChoice = Union[Literal["none", "auto", "required"], NamedToolChoice]
+class AllowedTools(_Body):
+    mode: Literal["auto", "required"] = Field(description="auto: the model may call one of "
+                                                          "`tools`; required: it must")
+    tools: Annotated[list[NamedToolChoice], Field(min_length=1, max_length=MAX_TOOLS)]
+
+
+class AllowedToolsChoice(_Body):
+    """OpenAI's `allowed_tools`: every tool is shown, calls are held to these."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+ToolChoice = Union[Literal["none", "auto", "required"],
+                   Annotated[Union[NamedToolChoice, AllowedToolsChoice],
+                             Field(discriminator="type")]]
 
 
 class TextFormat(_Body):
@@ -210,8 +225,9 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = Field(
-        None, description='"none", "auto" (the default with tools), "required" or '
-                          '{"type": "function", "function": {"name": ...}}')
+        None, description='"none", "auto" (the default with tools), "required", '
+                          '{"type": "function", "function": {"name": ...}} or '
+                          '{"type": "allowed_tools", "allowed_tools": {"mode", "tools"}}')
     parallel_tool_calls: bool | None = Field(None, description="false: at most one call")
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None

@@ -19,10 +19,15 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class PromptTokensDetails(_Out):
+    cached_tokens: int = Field(description="prompt tokens found in the prefix cache")
+
+
 class Usage(_Out):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class SourceStats(_Out):

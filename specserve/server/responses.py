@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from specserve.engine.outputs import CompletionDelta, CompletionOutput, RequestOutput
 from specserve.models.tokenizer import Tokenizer
+from specserve.server import sse
+from specserve.server.errors import APIError
 from specserve.server.tool_calls.parser import (ToolCallParser, ToolParsing, new_call_id,
                                                 stream_deltas)
 from specserve.speculative.metrics import SpecMetrics
@@ -209,15 +211,61 @@ class Responder:
         return self.tokenizer.decode([token], skip_special_tokens=False)
 
 
+@dataclass
+class ChatRenderer:
+    """Chat and text completions as the app drives every wire: server-sent chunks per engine
+    step (`step`); at the end (`close`, given the last step's events) that step's chunks again
+    with `speculative_stats` on the last one and the usage chunk when asked, then `[DONE]`; or
+    the whole body. `parses`: whether reading the output takes a parser (tool calls), work
+    the app keeps off its event loop."""
+
+    responder: Responder
+    include_usage: bool = False
+    _last: list[dict] = field(default_factory=list)  # the last step's chunks
+
+    @property
+    def parses(self) -> bool:
+        return self.responder.tool_calls is not None
+
+    def start(self) -> list[str]:
+        return []
+
+    def keepalive(self) -> list[str]:
+        return [sse.COMMENT]
+
+    def step(self, index: int, deltas: list[CompletionDelta]) -> list[str]:
+        self._last = self.responder.chunks(index, deltas, self.include_usage)
+        return [sse.event(c) for c in self._last]
+
+    def close(self, outputs: list[RequestOutput], last: list[str]) -> list[str]:
+        r, chunks = self.responder, list(self._last)
+        if self.include_usage:
+            chunks.append(r.usage_chunk(outputs))
+        elif not chunks:
+            chunks.append(r.envelope(r.shape.chunk_object, []))
+        chunks[-1]["speculative_stats"] = r.stats(outputs)
+        return [sse.event(c) for c in chunks] + [sse.DONE]
+
+    def failure(self, error: APIError) -> list[str]:
+        return [sse.event(error.body()), sse.DONE]
+
+    def body(self, outputs: list[RequestOutput]) -> dict:
+        return self.responder.body(outputs)
+
+
 def _finish(reason: str | None, calls: list) -> str | None:
-    """A choice that made calls and stopped on its own stopped to have them run."""
-    return "tool_calls" if calls and reason == "stop" else reason
+    """A choice that made calls (cut ones aside) and stopped on its own stopped to have them
+    run."""
+    return "tool_calls" if any(c is not None for c in calls) and reason == "stop" else reason
 
 
 def usage(outputs: list[RequestOutput]) -> dict:
     prompt = sum(out.num_prompt_tokens for out in outputs)
     completion = sum(c.num_output_tokens for out in outputs for c in out.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = sum(out.num_cached_tokens for out in outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def speculative_stats(completions: list[CompletionOutput], enabled: bool) -> dict:

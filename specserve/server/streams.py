@@ -1,12 +1,25 @@
 """Driving engine streams from request handlers: one stream per prompt, merged (at most a
 share of the engine's sequence slots in use at once), a prompt's `n` completions split into
 engine requests of at most that share; a request whose client goes away, or whose deadline
-passes, is aborted (its memory freed) instead of running on. `ahead_of_client` reads a
-stream to its end whatever the pace of the client it is sent to."""
+passes, is aborted (its memory freed) instead of running on.
+
+Paced by the reader: nothing here reads ahead of its consumer by more than a few items
+(`ahead_of_client`: `READ_AHEAD`; `merged`: one delta per job), so when an HTTP client stops
+reading (the server's `send` waits while it has more than `max_unread_bytes` unread, see
+`guard.py`), the engine stream behind it stops being read too, and the engine holds its
+request (`AsyncEngine.stream`): its slot goes to others until the client reads again, or the
+write timeout drops it. Every route that streams through `ahead_of_client` and `merged` (or
+`engine_stream`) is paced alike.
+
+`CLIENT` names whom the request being served is for (set per HTTP request by the guard, from
+the client's address): each engine request carries it, and the engine shares its sequence
+slots among clients, so that one client's burst cannot hold every slot.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import AsyncIterator, Awaitable, TypeVar
 
@@ -17,6 +30,8 @@ from specserve.engine.outputs import RequestDelta, RequestOutput
 from specserve.server.preparation import Job
 
 T = TypeVar("T")
+READ_AHEAD = 4  # items `ahead_of_client` takes from its source before its reader takes them
+CLIENT: ContextVar[str | None] = ContextVar("specserve_client", default=None)
 
 
 async def engine_stream(engine: EngineClient, job: Job, request_id: str) -> AsyncIterator[RequestDelta]:
@@ -24,7 +39,7 @@ async def engine_stream(engine: EngineClient, job: Job, request_id: str) -> Asyn
     generator) aborts the request."""
     finished = False
     stream = engine.stream(job.prompt_ids, job.params, request_id=request_id,
-                           speculation=job.speculation)
+                           speculation=job.speculation, client=CLIENT.get())
     try:
         async for delta in stream:
             finished = finished or delta.finished
@@ -77,7 +92,8 @@ def joined(request_id: str, done: list[tuple[int, RequestOutput]]) -> RequestOut
     head = done[0][1]
     return RequestOutput(request_id, head.prompt, head.prompt_token_ids,
                          [replace(c, index=c.index + first) for first, out in done
-                          for c in out.outputs], True, head.queue_time)
+                          for c in out.outputs], True, head.queue_time,
+                         min(out.num_cached_tokens for _, out in done))
 
 
 async def merged(engine: EngineClient, jobs: list[Job], request_id: str,
@@ -93,16 +109,18 @@ async def merged(engine: EngineClient, jobs: list[Job], request_id: str,
     done = object()
     width = min(jobs[0].params.n, share) if share is not None else None
     turns = asyncio.Semaphore(max(1, share // width) if width else len(jobs))
+    room = asyncio.Semaphore(len(jobs))  # deltas in the queue: a job waits for its reader
 
     async def pump(i: int, job: Job) -> None:
         try:
             async with turns:
                 async for delta in job_stream(engine, job, f"{request_id}-{i}", share):
-                    await queue.put((i, delta))
+                    await room.acquire()
+                    queue.put_nowait((i, delta))
         except Exception as e:  # handed to the consumer, which raises it
-            await queue.put((i, e))
+            queue.put_nowait((i, e))
         finally:
-            await queue.put((i, done))
+            queue.put_nowait((i, done))
 
     tasks = [asyncio.create_task(pump(i, job)) for i, job in enumerate(jobs)]
     try:
@@ -114,6 +132,7 @@ async def merged(engine: EngineClient, jobs: list[Job], request_id: str,
             elif isinstance(item, Exception):
                 raise item
             else:
+                room.release()
                 yield i, item
     finally:
         for t in tasks:
@@ -121,19 +140,27 @@ async def merged(engine: EngineClient, jobs: list[Job], request_id: str,
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def ahead_of_client(items: AsyncIterator[T]) -> AsyncIterator[T]:
-    """`items`, read to their end by a task of their own as fast as they come, whatever the
-    pace at which this generator is read: a client that reads slowly, or not at all, holds up
-    neither the engine nor what `items` does when it ends (e.g. give back an admission hold).
-    What the client has not read yet waits here (at most the request's own output). Closing
-    this generator (the client went away, or was dropped) cancels the task, which closes
-    `items` (aborting its engine requests)."""
+async def ahead_of_client(items: AsyncIterator[T], read_ahead: int = READ_AHEAD
+                          ) -> AsyncIterator[T]:
+    """`items`, read by a task of their own at most `read_ahead` items ahead of this
+    generator's reader: the next item is ready when the client takes it, and a client that
+    stops reading stops `items` after a few more (the engine then holds its request, see the
+    module). Closing this generator, or the end of the task that reads it (the response's,
+    cancelled when the client went away or was dropped: an abandoned generator would be
+    closed only when it is collected), cancels the task, which closes `items` (aborting its
+    engine requests)."""
     queue: asyncio.Queue = asyncio.Queue()
+    room = asyncio.Semaphore(read_ahead)
     end = object()
 
     async def pump() -> None:
         try:
-            async for item in items:
+            while True:
+                await room.acquire()
+                try:
+                    item = await anext(items)
+                except StopAsyncIteration:
+                    break
                 queue.put_nowait(item)
         except Exception as e:  # handed to the reader, which raises it
             queue.put_nowait(e)
@@ -142,10 +169,14 @@ async def ahead_of_client(items: AsyncIterator[T]) -> AsyncIterator[T]:
             queue.put_nowait(end)
 
     task = asyncio.create_task(pump())
+    reader = asyncio.current_task()
+    if reader is not None:
+        reader.add_done_callback(lambda _: task.cancel())
     try:
         while (item := await queue.get()) is not end:
             if isinstance(item, Exception):
                 raise item
+            room.release()
             yield item
     finally:
         task.cancel()
@@ -191,3 +222,29 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+HEARTBEAT = object()  # what `with_heartbeats` yields for a quiet stretch
+
+
+async def with_heartbeats(items: AsyncIterator[T], every: float) -> AsyncIterator[T]:
+    """`items`, and `HEARTBEAT` whenever `every` seconds pass without one (a long prefill: a
+    stream can say it is alive before its first token, so that clients with an idle timeout
+    wait). `items` is closed either way."""
+    pending = asyncio.ensure_future(anext(items))
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=every)
+            if not done:
+                yield HEARTBEAT
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            yield item
+            pending = asyncio.ensure_future(anext(items))
+    finally:
+        pending.cancel()
+        await asyncio.gather(pending, return_exceptions=True)
+        await items.aclose()

@@ -1,8 +1,10 @@
 """`specserve.bench.soak`, briefly, against a real server on a tiny model with small bounds
-(2 sequence slots, 2 waiting places, 2 s timeouts, a 64 KiB send buffer): well-behaved
-streaming clients mixed with malformed and oversized bodies, disconnects, a slow reader,
-streams never read, trickled bodies, half-open connections and bursts beyond capacity lose
-nothing, get no 5xx, reach 429, leave no connection held and no KV block in use, and the
+(2 sequence slots, 6 waiting places: room for the stream nobody reads between the bursts;
+2 s timeouts, a 64 KiB send buffer): well-behaved
+streaming clients mixed with malformed, oversized and too deeply nested bodies, disconnects,
+a slow reader, streams never read (one at a time and in floods), trickled and endless bodies,
+half-open connections and bursts beyond capacity lose nothing, get no 5xx, reach 429, leave no
+connection held and no KV block in use, /health and fresh clients are answered, and the
 server's memory (its KV pools aside) stays flat."""
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ TIMEOUT_S = 2
 @pytest.fixture(scope="module")
 def bounded(model_dir, tmp_path_factory):
     srv = start_server(model_dir, tmp_path_factory.mktemp("soak") / "server.log",
-                       "--max-num-seqs", "2", "--max-waiting", "2", "--write-timeout",
+                       "--max-num-seqs", "2", "--max-waiting", "6", "--write-timeout",
                        str(TIMEOUT_S), "--body-timeout", str(TIMEOUT_S), "--header-timeout",
                        str(TIMEOUT_S), "--send-buffer-bytes", str(64 << 10))
     yield srv
@@ -30,19 +32,22 @@ def bounded(model_dir, tmp_path_factory):
 def test_a_short_soak_with_hostile_clients_serves_everyone_and_stays_flat(bounded):
     figures = soak.run(bounded.base_url, KEY, clients=4, duration=12, max_tokens=16,
                        pid=bounded.process.pid, warmup=4, stall_s=TIMEOUT_S + 3,
-                       stall_tokens=600, burst=16)
+                       stall_tokens=600, burst=16, flood=2, flood_tokens=600, fresh_every=2)
     outcomes = figures["outcomes"]
     assert figures["served"] > 0 and figures["answers_5xx"] == 0 and figures["lost"] == 0, figures
     assert figures["held"] == 0 and figures["answers_429"] > 0, outcomes
     assert figures["kv_blocks_in_use_after"] == 0
-    for kind, expected in (("malformed", {"4xx"}), ("oversized", {"4xx"}),
+    for kind, expected in (("malformed", {"4xx"}), ("oversized", {"4xx"}), ("deep", {"4xx"}),
                            ("trickled", {"timed_out"}), ("half_open", {"closed"}),
-                           ("stalled", {"dropped", "completed", "refused"})):
+                           ("stalled", {"dropped", "completed", "refused"}),
+                           ("flood", {"dropped", "completed", "refused", "timed_out"}),
+                           ("health", {"ok"}), ("fresh", {"ok", "429"})):
         seen = {k.split(":")[1] for k in outcomes if k.startswith(kind + ":")}
         assert seen and seen <= expected, (kind, outcomes)
     stalled = {k: n for k, n in outcomes.items() if k.startswith("stalled:")}
     assert "stalled:dropped" in stalled, stalled  # the write timeout closed a stream nobody read
-    assert figures["latency_p99_s"] is not None
+    assert figures["latency_p99_s"] is not None and figures["health_worst_s"] is not None
+    assert figures["fresh_worst_s"] is not None
     assert abs(figures["rss_change_excluding_kv"]) < 0.1, figures
 
 

@@ -263,3 +263,35 @@ def test_a_clean_shutdown_is_not_a_dead_engine(model):
     engine = AsyncEngine.from_llm(LLM(model), step_timeout=30)
     engine.shutdown(0)
     assert engine.dead_reason is None
+
+
+def test_a_stream_whose_reader_stops_is_held_while_others_run_and_resumes_exactly(model):
+    """Reader A takes one delta and stops: after a few more steps its request is held (the
+    engine makes nothing more for it) while B runs to its end on the one slot A left; A then
+    reads on and gets exactly its tokens alone."""
+    from specserve.clients.async_engine import HOLD_AFTER
+
+    expected = LLM(model).generate(PROMPTS[:2], [greedy(40), greedy(40)])
+    engine = AsyncEngine.from_llm(LLM(model, max_num_seqs=1))
+
+    async def main():
+        a = engine.stream(PROMPTS[0], greedy(40))
+        deltas = [await anext(a)]
+        deadline = time.monotonic() + 30
+        while engine.stats().held == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        held = engine.stats().held
+        made = engine.engine.requests[deltas[0].request_id].seqs[0].num_output
+        b = await collect(engine, PROMPTS[1], greedy(40))  # the slot is free for B
+        still = engine.engine.requests[deltas[0].request_id].seqs[0].num_output
+        deltas += [d async for d in a]
+        return held, made, still, b, deltas
+
+    try:
+        held, made, still, b, a = asyncio.run(main())
+    finally:
+        engine.shutdown(timeout=10)
+    assert held == 1 and made == still  # held: nothing made for A while B ran
+    assert made <= 1 + HOLD_AFTER + 1  # a delta per step: the one read, the untaken, one more
+    assert a[-1].output.token_ids == expected[0].token_ids
+    assert b[-1].output.token_ids == expected[1].token_ids and engine.stats().held == 0

@@ -40,3 +40,38 @@ def test_a_trace_path_must_be_a_path():
 
     with pytest.raises(ValueError, match="trace_steps"):
         EngineConfig(trace_steps="")
+
+
+def generate_traced(model, path, n: int = 2):
+    llm = LLM(model, speculative_config={"method": "suffix", "num_speculative_tokens": -1},
+              trace_steps=str(path))
+    return llm.generate(["the cat the cat"] * n,
+                        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+
+
+def test_a_link_in_the_trace_files_place_is_refused_at_start_up(model, tmp_path):
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    (tmp_path / "steps.jsonl").symlink_to(target)
+    with pytest.raises(ValueError, match=r"^trace_steps: cannot open .*symbolic link"):
+        generate_traced(model, tmp_path / "steps.jsonl")
+    assert target.read_text() == "keep me\n"
+
+
+def test_a_trace_that_cannot_be_written_is_logged_and_fails_no_request(model, caplog):
+    outs = generate_traced(model, "/dev/full")  # every write: ENOSPC
+    assert [o.outputs[0].finish_reason for o in outs] == ["length", "length"]
+    lost = [r for r in caplog.records if "not written" in r.getMessage()]
+    assert len(lost) == 1 and "No space left" in lost[0].getMessage()  # once a minute at most
+
+
+def test_the_trace_rotates_past_its_bound(model, tmp_path, monkeypatch):
+    from specserve.engine import trace
+
+    monkeypatch.setattr(trace, "MAX_TRACE_BYTES", 3000)
+    path = tmp_path / "steps.jsonl"
+    generate_traced(model, path, n=4)
+    old, new = path.with_name("steps.jsonl.1"), path
+    lines = old.read_text().splitlines() + new.read_text().splitlines()
+    assert old.stat().st_size > 3000 and new.stat().st_size <= 3000 + max(map(len, lines)) + 1
+    assert all(json.loads(line)["step_s"] >= 0 for line in lines)

@@ -1,14 +1,19 @@
 """A tiny Hugging Face Hub over HTTP on 127.0.0.1, serving repositories the tests build: the
 endpoints huggingface_hub calls to list a model repository's files and to download them.
 
-- `GET /api/models/{repo}[/revision/{rev}]`: the repository's commit (`sha`) and files
-  (`siblings`); 404 with `X-Error-Code: RepoNotFound` for an unknown repository.
+- `GET /api/models/{repo}[/revision/{rev}][?blobs=True]`: the repository's commit (`sha`) and
+  files (`siblings`), with `blobs=True` each file's size and git blob id (`blobId`) and, for
+  an LFS file (`*.gguf`, `*.safetensors`, as on the Hub), `lfs: {sha256, size}`; 404 with
+  `X-Error-Code: RepoNotFound` for an unknown repository.
 - `HEAD|GET /{repo}/resolve/{rev}/{path}`: the file, with the headers huggingface_hub needs
-  (`X-Repo-Commit`, `ETag`: its sha256, `Content-Length`), `Range: bytes=N-` honoured (206);
-  404 with `X-Error-Code: EntryNotFound` for an unknown file.
+  (`X-Repo-Commit`, `ETag`: the sha256 of an LFS file, the git blob id of another, as the
+  Hub sends them; `Content-Length`), `Range: bytes=N-` honoured (206); 404 with
+  `X-Error-Code: EntryNotFound` for an unknown file.
 Every request is recorded (`requests`: (method, path)); anything else is a 500 so that a test
 sees a call it did not expect. A file named in `cut` breaks off halfway the first time its
-whole body is asked for (the connection closes), as a flaky network would.
+whole body is asked for (the connection closes), as a flaky network would. A file in `corrupt`
+is sent as the bytes given there (the same size; metadata and ETag still describe the true
+file), as a bad disk, proxy or mirror would send it.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ _RESOLVE = re.compile(r"/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<path>[
 class Hub:
     """`repos`: repository id → {file path: bytes}. Use as a context manager."""
 
-    def __init__(self, repos: dict[str, dict[str, bytes]], cut: frozenset[str] = frozenset()
-                 ) -> None:
+    def __init__(self, repos: dict[str, dict[str, bytes]], cut: frozenset[str] = frozenset(),
+                 corrupt: dict[str, bytes] | None = None) -> None:
         self.repos = repos
         self.cut = set(cut)
+        self.corrupt = dict(corrupt or {})
         self.commits = {repo: hashlib.sha1(json.dumps(sorted(
             (p, hashlib.sha256(b).hexdigest()) for p, b in files.items())).encode()).hexdigest()
             for repo, files in repos.items()}
@@ -82,8 +88,9 @@ class Hub:
     def _info(self, req, repo: str) -> None:
         if repo not in self.repos:
             return self._send(req, 404, {"X-Error-Code": "RepoNotFound"}, b"{}", True)
+        blobs = "blobs=true" in req.path.lower()
         data = {"id": repo, "sha": self.commits[repo], "private": False,
-                "siblings": [{"rfilename": p} for p in sorted(self.repos[repo])]}
+                "siblings": [_sibling(p, b, blobs) for p, b in sorted(self.repos[repo].items())]}
         self._send(req, 200, {"Content-Type": "application/json"}, json.dumps(data).encode(), True)
 
     def _file(self, req, repo: str, rev: str, path: str, body: bool) -> None:
@@ -93,8 +100,8 @@ class Hub:
         data = self.repos[repo].get(path)
         if data is None:
             return self._send(req, 404, {**commit, "X-Error-Code": "EntryNotFound"}, b"", body)
-        headers = {**commit, "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
-                   "Accept-Ranges": "bytes"}
+        headers = {**commit, "ETag": f'"{etag(path, data)}"', "Accept-Ranges": "bytes"}
+        data = self.corrupt.get(path, data)
         start = re.fullmatch(r"bytes=(\d+)-", req.headers.get("Range", ""))
         if start and body:
             offset = int(start[1])
@@ -118,3 +125,25 @@ class Hub:
             req.wfile.write(data[:cut_at])
         if cut_at is not None:
             req.close_connection = True
+
+
+def is_lfs(path: str) -> bool:
+    return path.endswith((".gguf", ".safetensors"))
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def etag(path: str, data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest() if is_lfs(path) else git_blob_id(data)
+
+
+def _sibling(path: str, data: bytes, blobs: bool) -> dict:
+    if not blobs:
+        return {"rfilename": path}
+    out = {"rfilename": path, "size": len(data), "blobId": git_blob_id(data)}
+    if is_lfs(path):
+        out["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
+                      "pointerSize": 134}
+    return out

@@ -6,9 +6,11 @@ would (HF_ENDPOINT, HF_HUB_CACHE, HF_HUB_OFFLINE), downloading and generating wi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +45,10 @@ def hub(repos):
 def access(hub: Hub | str, tmp_path, offline: bool = False) -> HubAccess:
     endpoint = hub if isinstance(hub, str) else hub.url
     return HubAccess(endpoint, tmp_path / "hf-cache", offline, progress=False)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def unused_port() -> int:
@@ -159,3 +165,78 @@ def test_the_command_line_downloads_generates_and_works_offline(hub, tmp_path):
                    env={**env, "HF_ENDPOINT": f"http://127.0.0.1:{unused_port()}",
                         "HF_HUB_CACHE": str(tmp_path / "empty")})
     assert_one_line_error(proc, "download", 1, "cannot reach the Hub at http://127.0.0.1:")
+
+
+def cached_files(cache: Path) -> list[str]:
+    """Every file (and link) under a Hugging Face cache, relative to it."""
+    return sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*")
+                  if p.is_file() or p.is_symlink())
+
+
+def test_a_same_size_corrupt_file_is_refused_by_its_sha256_and_not_kept(repos, tmp_path):
+    good = repos[GGUF_REPO]["tiny-Q8_0.gguf"]
+    bad = good[:-1] + bytes([good[-1] ^ 1])  # one bit off, the same size
+    with Hub(repos, corrupt={"tiny-Q8_0.gguf": bad}) as hub:
+        with pytest.raises(DownloadError, match=(
+                rf"^org/tiny-GGUF: tiny-Q8_0\.gguf is corrupt \(sha256 {sha256(bad)}; the Hub "
+                rf"says sha256 {sha256(good)}\); the bad copy was deleted")):
+            resolve_model(f"{GGUF_REPO}:Q8_0", access=access(hub, tmp_path))
+    assert not [f for f in cached_files(tmp_path / "hf-cache") if f.endswith((
+        ".gguf", sha256(bad), sha256(good)))]  # neither the blob nor its link
+    with Hub(repos) as hub:  # the next try downloads it afresh
+        path = resolve_model(f"{GGUF_REPO}:Q8_0", access=access(hub, tmp_path))
+        assert path.read_bytes() == good and hub.downloads("tiny-Q8_0.gguf") == 1
+
+
+def test_a_resumed_download_is_verified_whole(tmp_path):
+    data = random.Random(1).randbytes(24 << 20)
+    bad = data[:-10] + bytes(10)  # the part sent after the break is wrong at its end
+    with Hub({"org/big-GGUF": {"big-Q4_0.gguf": data}}, cut=frozenset({"big-Q4_0.gguf"}),
+             corrupt={"big-Q4_0.gguf": bad}) as hub:
+        with pytest.raises(DownloadError, match=r"big-Q4_0\.gguf is corrupt \(sha256 "):
+            download(["org/big-GGUF:Q4_0"], access=access(hub, tmp_path))
+        assert len(hub.resumed_at) == 1  # it did resume, then failed the check
+    assert not [f for f in cached_files(tmp_path / "hf-cache") if "blobs/" in f]
+
+
+def test_a_small_file_is_checked_by_its_git_blob_id(repos, tmp_path):
+    config = repos[HF_REPO]["config.json"]
+    with Hub(repos, corrupt={"config.json": config.replace(b"qwen2", b"qwen3")}) as hub:
+        with pytest.raises(DownloadError, match=r"config\.json is corrupt \(git blob id [0-9a-f]{40}"
+                                                r"; the Hub says git "):
+            resolve_model(HF_REPO, access=access(hub, tmp_path))
+
+
+def test_a_cached_file_damaged_on_disk_is_caught_offline_and_hashed_only_when_changed(
+        hub, repos, tmp_path, monkeypatch):
+    from specserve.hub import registry
+
+    path = resolve_model(f"{GGUF_REPO}:Q8_0", access=access(hub, tmp_path))
+    hashed = []
+    real_hash = registry._hash_file
+    monkeypatch.setattr(registry, "_hash_file", lambda *a: hashed.append(a[0]) or real_hash(*a))
+    assert resolve_model(f"{GGUF_REPO}:Q8_0", access=access(hub, tmp_path, offline=True)) == path
+    assert hashed == []  # its stamp still matches: not hashed again
+    blob = path.resolve()
+    data = bytearray(blob.read_bytes())
+    data[100] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    with pytest.raises(DownloadError, match=rf"is corrupt \(sha256 {sha256(bytes(data))}; the "
+                                            rf"Hub says sha256 {blob.name}\)"):
+        resolve_model(f"{GGUF_REPO}:Q8_0", access=access(hub, tmp_path, offline=True))
+    assert hashed == [blob] and not blob.exists() and not path.is_symlink()
+
+
+def test_refs_main_is_used_offline_only_when_it_is_a_commit_id(hub, tmp_path):
+    path = resolve_model(f"{GGUF_REPO}:Q8_0", access=access(hub, tmp_path))
+    storage = next((tmp_path / "hf-cache").glob("models--org--tiny-GGUF"))
+    outside = tmp_path / "elsewhere"
+    (outside / "tiny-Q8_0.gguf").parent.mkdir()
+    (outside / "tiny-Q8_0.gguf").write_bytes(b"not the model")
+    (storage / "snapshots" / "x").symlink_to(outside)
+    for text in ("../../../elsewhere", "x", "0" * 39, ""):
+        (storage / "refs" / "main").write_text(text)
+        with pytest.raises(DownloadError, match="not in the Hugging Face cache"):
+            resolve_model(f"{GGUF_REPO}:Q8_0", access=access(hub, tmp_path, offline=True))
+    (storage / "refs" / "main").write_text(path.parent.name + "\n")
+    assert resolve_model(f"{GGUF_REPO}:Q8_0", access=access(hub, tmp_path, offline=True)) == path

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 
+from specserve.json_depth import MAX_DEPTH, text_depth
 from specserve.sampling.grammar import GrammarCompiler
 from specserve.sampling.grammar_source import MAX_REGEX_SIZE, regex_size
 from specserve.sampling.structured import MAX_SPEC_CHARS, Structural, StructuredOutputsParams
@@ -67,17 +67,33 @@ def test_an_invalid_spec_is_a_value_error_naming_the_field(compiler, spec, words
                                                       "pattern": "^([a-f]{300}-){300}$"}}}},
     {"json": {"type": "object", "patternProperties": {"^(ab{100}){200}$": {}}}},
 ])
-def test_a_pathological_regex_is_refused_before_it_runs(compiler, spec):
-    start = time.perf_counter()
+def test_a_pathological_regex_is_refused_before_it_runs(compiler, spec, monkeypatch):
+    """Refused by its size alone: llguidance is never handed it (no clock involved)."""
+    from specserve.sampling import grammar, grammar_source
+
+    class Unreachable:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("the grammar reached llguidance")
+
+        grammar_from_regex = grammar_from_json_schema = grammar_from_lark = __init__
+
+    monkeypatch.setattr(grammar_source, "LLMatcher", Unreachable)
+    monkeypatch.setattr(grammar, "LLMatcher", Unreachable)
     assert "too large" in error_of(compiler, **spec)
-    assert time.perf_counter() - start < 1.0
 
 
-def test_a_schema_nested_past_the_librarys_depth_is_refused(compiler):
-    schema: dict = {"type": "string"}
-    for _ in range(200):
+def test_a_schema_at_the_nesting_bound_compiles_and_one_beyond_is_refused_before_it(compiler):
+    """The bound (`json_depth.MAX_DEPTH`) is below the library's own (its JSON parser stops at
+    128 levels of the grammar it is handed), so every schema within it can be enforced."""
+    schema: dict = {"type": "integer"}
+    for _ in range(MAX_DEPTH - 2):
         schema = {"type": "array", "items": schema}
-    assert "structured_outputs.json" in error_of(compiler, json=schema)
+    assert text_depth(json.dumps(schema)) == MAX_DEPTH - 1
+    compiler.compile(StructuredOutputsParams(json={"type": "array", "items": schema}))
+    for _ in range(2):
+        schema = {"type": "array", "items": schema}
+    assert error_of(compiler, json=schema).startswith(
+        "structured_outputs.json.items.items.items.items.items.items...: JSON nested more than")
 
 
 def test_a_spec_over_the_size_limit_is_refused():
@@ -160,3 +176,42 @@ def test_the_schema_true_allows_any_json_value(compiler):
     for text in ['[1, "a"]', "42", '{"ok": null}']:
         m = grammar.matcher()
         assert all(m.accept(t) for t in tok.encode(text)) and m.can_terminate, text
+
+
+def test_object_schemas_are_closed_unless_they_say_otherwise():
+    """`additionalProperties` missing means none (xgrammar's default, llama.cpp's converter),
+    through every nested schema; `true` or `patternProperties` keeps one open; an `allOf`
+    member stays open (closing each part would refuse what the parts together allow)."""
+    from specserve.sampling.grammar_source import closed_schema
+
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"b": {"type": "string"}}},
+        "c": {"type": "array", "items": {"properties": {"d": {"const": {"x": 1}}}}},
+        "e": {"type": "object", "additionalProperties": True},
+        "f": {"type": "object", "patternProperties": {"^x": {"type": "string"}}},
+        "g": {"allOf": [{"type": "object", "properties": {"h": {"type": "object"}}}]}}}
+    out = closed_schema(schema)
+    assert out["additionalProperties"] is False
+    assert out["properties"]["a"]["additionalProperties"] is False
+    assert out["properties"]["c"]["items"]["additionalProperties"] is False
+    assert out["properties"]["c"]["items"]["properties"]["d"] == {"const": {"x": 1}}
+    assert out["properties"]["e"]["additionalProperties"] is True
+    assert "additionalProperties" not in out["properties"]["f"]
+    member = out["properties"]["g"]["allOf"][0]
+    assert "additionalProperties" not in member
+    assert member["properties"]["h"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the request's own schema is not changed
+
+
+def test_a_schema_not_marked_strict_takes_no_keys_beyond_its_own(compiler):
+    """What instructor's JSON mode sends (a pydantic schema without additionalProperties): the
+    output ends after the last property instead of adding keys until max_tokens."""
+    tok = byte_level()
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+    def takes(schema, text):
+        m = compiler.compile(StructuredOutputsParams(json=schema)).matcher()
+        return all(m.accept(t) for t in tok.encode(text)) and m.can_terminate
+
+    assert takes(schema, '{"n": 1}') and not takes(schema, '{"n": 1, "m": 2}')
+    assert takes({**schema, "additionalProperties": True}, '{"n": 1, "m": 2}')

@@ -135,14 +135,20 @@ def test_three_hundred_streams_that_never_read_do_not_lock_out_a_fresh_client(ho
 
 
 def test_a_body_of_130k_messages_gets_400_without_holding_up_health(hostile):
+    """The body is parsed and counted off the event loop: /health's worst wait is a small
+    part of the refused requests' own time (parsed on the loop, as before the intake, it
+    waited about as long as a request took: 1.6 s). A ratio, so a loaded machine, slowing
+    both alike, does not decide it."""
     body = json.dumps({"model": NAME, "messages": [{"role": "user", "content": "a"}] * 130_000})
-    answers, latencies = [], []
+    answers, latencies, durations = [], [], []
 
     def send() -> None:
         for _ in range(3):
+            start = time.monotonic()
             answers.append(httpx.post(f"{hostile.base_url}/v1/chat/completions", content=body,
                                       headers={**AUTH, "content-type": "application/json"},
                                       timeout=60))
+            durations.append(time.monotonic() - start)
 
     sender = threading.Thread(target=send)
     sender.start()
@@ -154,7 +160,7 @@ def test_a_body_of_130k_messages_gets_400_without_holding_up_health(hostile):
     sender.join()
     assert [r.status_code for r in answers] == [400] * 3
     assert error_of(answers[0])["code"] == "too_many_messages"
-    assert len(latencies) > 3 and max(latencies) < 0.75, latencies  # was 1.6 s before the intake
+    assert len(latencies) > 3 and max(latencies) < 0.5 * min(durations), (latencies, durations)
 
 
 def test_a_full_intake_answers_429_at_once_and_serves_again_once_it_drains(hostile):
@@ -223,7 +229,7 @@ def test_prompt_text_beyond_what_the_context_could_hold_is_refused_before_tokeni
     assert f"at most {bound}" in error_of(r)["message"]
 
 
-def test_a_body_not_sent_as_json_is_refused_and_the_page_can_be_neither_framed_nor_sniffed(
+def test_a_body_not_sent_as_json_is_refused_and_the_page_can_be_neither_framed_sniffed_nor_rebased(
         hostile):
     body = json.dumps({"model": NAME, "prompt": "x", "max_tokens": 1})
     for headers in ({}, {"content-type": "text/plain"},
@@ -235,6 +241,7 @@ def test_a_body_not_sent_as_json_is_refused_and_the_page_can_be_neither_framed_n
                     headers={**AUTH, "content-type": "application/json; charset=utf-8"})
     assert ok.status_code == 200
     page = httpx.get(f"{hostile.base_url}/")
-    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    policy = {d.strip() for d in page.headers["content-security-policy"].split(";")}
+    assert {"frame-ancestors 'none'", "base-uri 'none'", "form-action 'self'"} <= policy
     assert page.headers["x-content-type-options"] == "nosniff"
     assert ok.headers["x-content-type-options"] == "nosniff"

@@ -61,3 +61,26 @@ def test_an_idle_server_admits_even_a_request_beyond_its_capacity():
         admission.admit(1)
     ticket.release()
     assert admission.held == 0
+
+
+def test_max_new_tokens_bounds_what_a_request_asks_for_or_leaves_out_and_never_refuses(
+        tmp_path):
+    from specserve.server.preparation import ModelLimits, chat_jobs
+    from specserve.server.protocol import ChatCompletionRequest
+    from tests.server.tool_calls import templates
+
+    tok = templates.char_tokenizer(tmp_path, ["<s>", "</s>"],
+                                   "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    limits = ModelLimits("m", 64, tok.vocab_size, speculative=False)
+
+    def max_tokens(cap, **fields):
+        req = ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "hello"}], **fields})
+        return chat_jobs(req, tok, limits, ServerLimits(max_new_tokens=cap))[0].params.max_tokens
+
+    room = 64 - 5
+    assert max_tokens(None) == room and max_tokens(None, max_tokens=7) == 7
+    assert max_tokens(16) == 16 and max_tokens(16, max_tokens=7) == 7
+    assert max_tokens(16, max_tokens=40) == 16 and max_tokens(500) == room
+    with pytest.raises(ValueError):
+        ServerLimits(max_new_tokens=0)

@@ -14,7 +14,7 @@ from specserve.sampling.params import SamplingParams
 from specserve.server import limits_doc
 from specserve.server.config import LIMIT_NAMES
 from specserve.server.limits import ServerLimits
-from specserve.server.protocol import CompletionRequest
+from specserve.server.protocol import ChatCompletionRequest, CompletionRequest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "limits.md"
 NOT_LIMITS = {"allowed_hosts", "special_tokens_in_prompts"}  # what is served, not how much
@@ -59,3 +59,44 @@ def test_sampling_params_refuse_the_same_bounds(field):
     SamplingParams(**{field: bound})
     with pytest.raises(ValueError, match=f"^{field} must be <= {bound}"):
         SamplingParams(**{field: bound + 1})
+
+
+def tool(name: str = "f") -> dict:
+    return {"type": "function", "function": {"name": name}}
+
+
+def test_the_listed_tool_bounds_hold_at_their_values_and_refuse_one_beyond():
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    ChatCompletionRequest.model_validate({**chat, "tools": [tool(f"f{i}") for i in range(128)]})
+    ChatCompletionRequest.model_validate({**chat, "tools": [tool("a.b-C_9" + "x" * 57)]})
+    for tools in ([tool(f"f{i}") for i in range(129)], [tool("x" * 65)], [tool("a b")],
+                  [tool("f()")]):
+        with pytest.raises(ValidationError) as refused:
+            ChatCompletionRequest.model_validate({**chat, "tools": tools})
+        assert refused.value.errors()[0]["loc"][0] == "tools"
+
+
+def test_the_listed_constraint_bounds_hold_at_their_values_and_refuse_one_beyond():
+    from specserve.json_depth import MAX_DEPTH
+    from specserve.sampling.grammar_source import MAX_REGEX_SIZE, check_regex
+    from specserve.sampling.structured import MAX_CHOICES, MAX_SPEC_CHARS, StructuredOutputsParams
+
+    page = DOC.read_text()
+    for value in (MAX_DEPTH, MAX_SPEC_CHARS, MAX_CHOICES, MAX_REGEX_SIZE):
+        assert f"| {value} |" in page
+    fill = MAX_SPEC_CHARS - len('regex:""')
+    StructuredOutputsParams(regex="a" * fill)
+    with pytest.raises(ValueError, match="longer than 65536 characters"):
+        StructuredOutputsParams(regex="a" * (fill + 1))
+    StructuredOutputsParams(choice=["a"] * MAX_CHOICES)
+    with pytest.raises(ValueError, match="at most 256"):
+        StructuredOutputsParams(choice=["a"] * (MAX_CHOICES + 1))
+    check_regex(f"a{{{MAX_REGEX_SIZE}}}", "regex")
+    with pytest.raises(ValueError, match="too large"):
+        check_regex(f"a{{{MAX_REGEX_SIZE + 1}}}", "regex")
+    deep: object = {}
+    for _ in range(MAX_DEPTH - 1):
+        deep = {"a": deep}
+    StructuredOutputsParams(json=deep)
+    with pytest.raises(ValueError, match="nested more than 64"):
+        StructuredOutputsParams(json={"a": deep})

@@ -110,3 +110,34 @@ def test_the_openapi_schema_documents_the_agent_fields(server):
             "structured_outputs"} <= set(schema["ChatCompletionRequest"]["properties"])
     assert "tool_calls" in schema["ChatResponseMessage"]["properties"]
     assert json.dumps(schema["ChatMessage"]).count("tool_call_id") >= 1
+
+
+PICK = {"type": "function", "function": {
+    "name": "pick", "description": "Pick a color", "strict": True,
+    "parameters": {"type": "object", "properties": {"color": {"enum": ["red", "blue"]}},
+                   "required": ["color"], "additionalProperties": False}}}
+SIZE = {"type": "function", "function": {
+    "name": "size", "description": "Pick a size", "strict": True,
+    "parameters": {"type": "object", "properties": {"n": {"enum": [1, 2, 3]}},
+                   "required": ["n"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "size"}}],
+                         ids=["required", "named"])
+def test_a_forced_tool_call_on_the_tiny_model_comes_back_parsed_whole_and_streamed(client, choice):
+    """The tiny random model never calls a tool on its own; `tool_choice` required or named
+    holds its output to a call (the grammar), which the server parses back into `tool_calls`
+    with finish_reason "tool_calls", streamed as `delta.tool_calls` that reassemble to it."""
+    kw = {"model": NAME, "messages": [ASKED], "tools": [PICK, SIZE], "tool_choice": choice,
+          "parallel_tool_calls": False, "temperature": 0, "max_tokens": 120}
+    whole = client.chat.completions.create(**kw).choices[0]
+    (call,) = whole.message.tool_calls
+    assert whole.finish_reason == "tool_calls" and call.id.startswith("call_")
+    arguments = json.loads(call.function.arguments)
+    assert (call.function.name, list(arguments)) in (("pick", ["color"]), ("size", ["n"]))
+    assert arguments in ({"color": "red"}, {"color": "blue"}, {"n": 1}, {"n": 2}, {"n": 3})
+    if choice != "required":
+        assert call.function.name == "size"
+    content, calls, finish = accumulate(client.chat.completions.create(stream=True, **kw))
+    assert finish == "tool_calls" and not content
+    assert calls == [(call.function.name, call.function.arguments)]

@@ -8,6 +8,7 @@ GGUF file (`blk.N.nextn.*`, block N after the main layers) to the same weights."
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
@@ -191,3 +192,60 @@ def test_the_mtp_method_needs_a_head(tmp_path):
     target = load_model(hybrid_tiny.save(hybrid_tiny.build("qwen35"), tmp_path / "m"), "float32")
     with pytest.raises(ValueError, match="no multi-token-prediction head"):
         LLM(target, speculative_config={"method": "mtp"})
+
+
+LAW_TOKENS, LAW_SAMPLES, TOP_K, TEMPERATURE, ALPHA = 4, 3000, 3, 0.35, 1e-3
+
+
+def next_token_law(model, ids: list[int]) -> dict[int, float]:
+    """The processed distribution of the token after `ids` (temperature, top-k), by a fresh
+    forward pass over the whole of `ids`."""
+    from specserve.models.transformer import ForwardBatch
+
+    pool = model.new_pool(1, 16)
+    with torch.inference_mode():
+        (logits,) = model.forward(ForwardBatch.paged([ids], [0], [[0]], ["law"]), pool,
+                                  last_n=[1])
+    top = torch.topk(logits[-1].double(), TOP_K)
+    probs = torch.softmax(top.values / TEMPERATURE, dim=-1)
+    return dict(zip(top.indices.tolist(), probs.tolist()))
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["exact", "temperature-lost"])
+def test_mtp_drafting_at_temperature_follows_the_targets_enumerated_law(checkpoints, monkeypatch,
+                                                                        broken):
+    """T = 0.35, top-k 3, k = 2 with the head fitted on PROMPT (drafts accepted and rejected):
+    the engine's continuations of 4 tokens follow the target's law enumerated by fresh forward
+    passes (χ², fixed seed). The can-fail twin: the drafts' distribution handed to the verifier with its
+    temperature lost (flat over the head's top-k, not the q the drafts were sampled from):
+    every output stays one the law allows, the acceptance test is wrong, and the same χ²
+    test rejects the law."""
+    from specserve.llm import LLM
+    from tests.law import chi_square_p, enumerate_law
+
+    if broken:
+        from specserve.speculative.drafter import Proposal
+
+        proposal = MTPDrafter._proposal
+
+        def flat(k, drafted):
+            prop = proposal(k, drafted)
+            if prop.draft_probs is None:
+                return prop
+            support = (prop.draft_probs > 0).double()  # [k, vocab]
+            return Proposal(prop.tokens, support / support.sum(-1, keepdim=True))
+
+        monkeypatch.setattr(MTPDrafter, "_proposal", staticmethod(flat))
+    target = load_model(checkpoints[2], "float32", weights="float32")
+    llm = LLM(target, speculative_config={"method": "mtp", "num_speculative_tokens": 2},
+              max_num_seqs=64, max_model_len=64)
+    params = SamplingParams(n=LAW_SAMPLES, temperature=TEMPERATURE, top_k=TOP_K, seed=7,
+                            max_tokens=LAW_TOKENS, ignore_eos=True)
+    (out,) = llm.generate(PROMPT, params)  # the prompt the head was fitted on
+    counts = Counter(tuple(c.token_ids) for c in out.outputs)
+    metrics = llm.metrics()
+    assert 0 < metrics["accepted"] < metrics["drafted"], metrics  # accepted and rejected
+    law = enumerate_law(lambda ids: next_token_law(target.model, ids), PROMPT, LAW_TOKENS)
+    assert all(law.get(s, 0.0) > 0 for s in counts)  # every output one the law allows
+    p = chi_square_p(counts, law)
+    assert (p < ALPHA) if broken else (p > ALPHA), p

@@ -133,7 +133,7 @@ class EngineReplica:
                 "vocab_size": self.llm.target.config.vocab_size, "speculative": self.llm.spec is not None}
 
     async def stream(self, prompt_ids: list[int], params, request_id: str, speculation=None,
-                     preferred_replica: str | None = None):
+                     preferred_replica: str | None = None, client: str | None = None):
         """`(replica id, RequestDelta | Failure)` until the request finishes. Cancelled (the
         client went away, or the pool aborted it) → AsyncEngine.stream aborts the request. A
         replica without an engine raises before answering (the pool sends the request to
@@ -142,7 +142,7 @@ class EngineReplica:
             raise RuntimeError(f"replica {self.replica} has no engine: {self.start_failure}")
         try:
             async for delta in self.engine.stream(prompt_ids, params, request_id=request_id,
-                                                  speculation=speculation):
+                                                  speculation=speculation, client=client):
                 yield self.replica, delta
         except (ValueError, EngineClosed, EngineError) as e:
             yield self.replica, Failure.of(e)

@@ -74,7 +74,8 @@ class ReplicaPool:
         self._refresher.start()
 
     # ------------------------------------------------------------------ EngineClient
-    async def stream(self, prompt: list[int], params, request_id: str | None = None, speculation=None):
+    async def stream(self, prompt: list[int], params, request_id: str | None = None, speculation=None,
+                     client: str | None = None):
         if self._closing:
             raise EngineClosed("the server is shutting down and takes no new requests")
         if self.dead_reason is not None:
@@ -83,7 +84,8 @@ class ReplicaPool:
         preferred = self._preferred(prompt)
         for attempt in range(self.retries + 1):
             call = self.handle.options(stream=True).stream.remote(
-                prompt, params, request_id, speculation, preferred_replica=preferred)
+                prompt, params, request_id, speculation, preferred_replica=preferred,
+                client=client)
             self._inflight[request_id] = call
             replica, received, finished = None, False, False
             holder = preferred  # the replica this request counts against in `busy`

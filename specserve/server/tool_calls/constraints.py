@@ -2,18 +2,20 @@
 `response_format` and vLLM's `structured_outputs`.
 
 - `tool_choice` "required" or a named function: the output is calls in the model's own
-  syntax (`Structural`, not triggered), each `{"name": <const>, <arguments key>: <the
-  function's parameters>}` (anyOf over the functions allowed); one call only where
-  `parallel_tool_calls` is false. This wins over `response_format` (the turn is a call).
-- "auto" with a `strict` function: the same, triggered where the call's marker starts
-  (free text before it); the functions not strict take any object. Formats with no marker
-  (`llama3_json`) get none. `response_format` or `structured_outputs` win over it (as in
-  vLLM, whose grammar then holds the whole output).
+  syntax, each to one of the functions allowed with arguments valid against its parameters
+  (`call_grammar.py`); one call only where `parallel_tool_calls` is false. This wins over
+  `response_format` (the turn is a call).
+- "auto" (the default with tools): free text, and once the model starts a call in any form its
+  parser reads (its marker, a ```json fence, a bare `{"name": `), the rest of the call is held
+  to a declared function and its schema. `response_format` or `structured_outputs` win over it
+  (as in vLLM, whose grammar then holds the whole output).
+- `allowed_tools` (OpenAI's): as "auto" or "required", with calls held to the functions it
+  lists (every tool is still shown to the model).
 - `response_format` json_object / json_schema: `json_object=True` / `json=<schema>`.
-- `strict: true` (a json_schema response format, a function) means OpenAI's strict mode: an
-  object schema that does not say otherwise takes no properties beyond its own
-  (`additionalProperties: false`, as OpenAI requires of strict schemas and xgrammar's strict
-  mode assumes).
+- JSON Schemas are closed wherever they come from (`grammar_source.closed_schema`: an object
+  schema that does not say otherwise takes no other keys), strict or not; a tool's schema not
+  marked strict is enforced leniently (keywords the engine cannot enforce are skipped), a
+  strict one or a response format's is refused where it cannot be enforced.
 - `structured_outputs`: as given (not together with `response_format`, nor with calls
   required).
 """
@@ -22,10 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specserve.sampling.structured import Structural, StructuredOutputsParams
+from specserve.sampling.structured import StructuredOutputsParams
+from specserve.server.tool_calls.call_grammar import Function, tool_call_grammar
 from specserve.server.tool_calls.families import ToolFormat
-
-ANY_OBJECT = {"type": "object"}
 
 
 @dataclass(frozen=True)
@@ -37,20 +38,39 @@ class Constraint:
 def chat_constraint(req, fmt: ToolFormat, choice) -> Constraint | None:
     """The constraint of a chat request (`choice`: its tool_choice, "none" without tools)."""
     given = _given(req)
-    if choice not in ("none", "auto"):
+    if choice == "none":
+        return given
+    if calls_required(choice):
         if req.structured_outputs is not None:
             raise ValueError("structured_outputs cannot be combined with tool_choice "
                              "'required' or a named function (the output is tool calls)")
         return Constraint(_tools(req, fmt, choice), "tools")
     if given is not None:
         return given
-    if choice == "auto" and fmt.begin and any(t.function.strict for t in req.tools):
-        return Constraint(_tools(req, fmt, choice), "tools")
-    return None
+    return Constraint(_tools(req, fmt, choice), "tools")
 
 
 def completion_constraint(req) -> Constraint | None:
     return _given(req)
+
+
+def calls_required(choice) -> bool:
+    """Whether a tool_choice asks for calls: "required", a named function, or allowed tools in
+    "required" mode."""
+    if isinstance(choice, str):
+        return choice == "required"
+    return choice.type == "function" or choice.allowed_tools.mode == "required"
+
+
+def allowed_names(req, choice) -> list[str]:
+    """The functions a call may name under `choice` (every tool's unless it narrows them)."""
+    names = [t.function.name for t in req.tools]
+    if isinstance(choice, str):
+        return names
+    if choice.type == "function":
+        return [choice.function.name]
+    listed = {t.function.name for t in choice.allowed_tools.tools}
+    return [name for name in names if name in listed]
 
 
 def _given(req) -> Constraint | None:
@@ -64,46 +84,16 @@ def _given(req) -> Constraint | None:
         return Constraint(StructuredOutputsParams(**fields), "structured_outputs")
     if fmt is None or fmt.type == "text":
         return None
-    schema = fmt.json_schema.json_schema if fmt.type == "json_schema" else None
-    if schema is not None and fmt.json_schema.strict:
-        schema = strict_schema(schema)
-    params = (StructuredOutputsParams(json=schema) if schema is not None
-              else StructuredOutputsParams(json_object=True))
-    return Constraint(params, "response_format")
+    if fmt.type == "json_schema" and fmt.json_schema.json_schema is not None:
+        return Constraint(StructuredOutputsParams(json=fmt.json_schema.json_schema),
+                          "response_format")
+    return Constraint(StructuredOutputsParams(json_object=True), "response_format")
 
 
 def _tools(req, fmt: ToolFormat, choice) -> StructuredOutputsParams:
-    triggered = choice == "auto"
-    functions = [t.function for t in req.tools]
-    if not isinstance(choice, str):
-        functions = [f for f in functions if f.name == choice.function.name]
-    schemas = [call_schema(f.name, fmt.arguments_key,
-                           (strict_schema(f.parameters) if f.strict and f.parameters
-                            else f.parameters) if (f.strict or not triggered) else None)
-               for f in functions]
-    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    separator = fmt.separator if req.parallel_tool_calls is not False else None
-    return StructuredOutputsParams(structural=Structural(
-        fmt.begin, schema, fmt.end, separator or None, triggered))
-
-
-def call_schema(name: str, arguments_key: str, parameters: dict | None) -> dict:
-    """One call: its name, then its arguments (any object where `parameters` is None)."""
-    return {"type": "object",
-            "properties": {"name": {"const": name}, arguments_key: parameters or ANY_OBJECT},
-            "required": ["name", arguments_key], "additionalProperties": False}
-
-
-def strict_schema(schema: object) -> object:
-    """`schema` with `additionalProperties: false` on every object schema that sets neither it
-    nor `patternProperties` (OpenAI's strict mode), through every nested schema."""
-    if isinstance(schema, list):
-        return [strict_schema(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: strict_schema(v) if k not in ("const", "enum", "default", "examples") else v
-           for k, v in schema.items()}
-    is_object = out.get("type") == "object" or "properties" in out
-    if is_object and "additionalProperties" not in out and "patternProperties" not in out:
-        out["additionalProperties"] = False
-    return out
+    allowed = set(allowed_names(req, choice))
+    functions = [Function(t.function.name, t.function.parameters, bool(t.function.strict))
+                 for t in req.tools if t.function.name in allowed]
+    grammar = tool_call_grammar(functions, fmt, required=calls_required(choice),
+                                parallel=req.parallel_tool_calls is not False)
+    return StructuredOutputsParams(grammar=grammar)

@@ -73,13 +73,22 @@ def check_tool_choice(choice, tools: list[dict] | None) -> None:
     if not tools:
         raise ValueError(f"tool_choice {_choice_text(choice)} asks for tool calls, but the "
                          f"request gives no tools")
-    if not isinstance(choice, str) and choice.function.name not in names:
-        raise ValueError(f"tool_choice names the function {choice.function.name!r}, which is "
-                         f"not among the tools ({', '.join(names)})")
+    if isinstance(choice, str):
+        return
+    named = [choice.function] if choice.type == "function" else [
+        t.function for t in choice.allowed_tools.tools]
+    for function in named:
+        if function.name not in names:
+            raise ValueError(f"tool_choice names the function {function.name!r}, which is "
+                             f"not among the tools ({', '.join(names)})")
 
 
 def _choice_text(choice) -> str:
-    return repr(choice) if isinstance(choice, str) else f"function {choice.function.name!r}"
+    if isinstance(choice, str):
+        return repr(choice)
+    if choice.type == "function":
+        return f"function {choice.function.name!r}"
+    return f"allowed_tools ({choice.allowed_tools.mode})"
 
 
 def _message(m) -> dict:

@@ -11,10 +11,12 @@
   `{"tool_calls": [{"name", "arguments"}, ...]}` or `{"response": "..."}` (its text is the
   content), possibly in a ```json fence; anything else is content.
 
-A call is committed as soon as its head `{"name": "<name>", "arguments": {` is read (its
-arguments then stream as the model writes them, as written); a call object in another key
-order or with string arguments is read whole, then committed; whatever is neither stays
-content, its markup included.
+A call is committed as soon as its head `{"name": "<name>", "arguments": {` is read, its name
+one the request declares (its arguments then stream as the model writes them, as written); a
+call object in another key order or with string arguments is read whole, then committed;
+whatever is neither stays content, its markup included. A committed call whose arguments stop
+being JSON, or are cut by the end of the output, is reported `cut` from where its block
+began (`reader.py`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def hermes(r: Reader):
         if opener == "```":
             yield from r.literal("json")
         yield from r.ws()
-        if (yield from read_call(r, ARGUMENTS)):
+        if (yield from read_call(r, ARGUMENTS, at)):
             yield from r.ws()
             yield from r.literal("</tool_call>" if opener == "<tool_call>" else "```")
         else:
@@ -155,23 +157,31 @@ def call_list(r: Reader, keys: tuple[str, ...]):
             return True
 
 
-def read_call(r: Reader, keys: tuple[str, ...]):
-    """One call object at `pos`: True (and its events emitted) or False (`pos` unmoved)."""
+def read_call(r: Reader, keys: tuple[str, ...], block: int | None = None):
+    """One call object at `pos` (its block, markup included, from `block`; None: from the
+    object): True (and its events emitted) or False (`pos` unmoved)."""
     start = r.pos
     name = yield from _head(r, keys)
     if name is not None:
         index = r.call(name)
         if (yield from r.stream_value(lambda text: r.args(index, text))):
+            r.ended(index)
             yield from r.stream_value(_ignore, JsonScan(depth=1))  # the rest of the call
+        else:
+            r.cut(index, start if block is None else block)
         return True
     r.pos = start
     end = yield from r.value_end()
     call = None if end is None else whole_call(r.text[start:end], keys)
+    if call is not None and not r.declared(call[0]):
+        call = None
     if call is None:
         r.pos = start
         return False
     r.pos = end
-    r.args(r.call(call[0]), call[1])
+    index = r.call(call[0])
+    r.args(index, call[1])
+    r.ended(index)
     return True
 
 
@@ -187,7 +197,7 @@ def _head(r: Reader, keys: tuple[str, ...]):
         return None
     end = yield from r.value_end()
     name = None if end is None else _json(r.text[r.pos:end])
-    if not isinstance(name, str) or not name:
+    if not r.declared(name):
         return None
     r.pos = end
     yield from r.ws()

@@ -16,8 +16,9 @@ from specserve.server.tool_calls.reader import Reader
 
 
 class ToolCallParser:
-    def __init__(self, fmt: ToolFormat, max_calls: int | None = None) -> None:
-        self._reader = Reader(max_calls)
+    def __init__(self, fmt: ToolFormat, max_calls: int | None = None,
+                 names: frozenset[str] | None = None) -> None:
+        self._reader = Reader(max_calls, names)
         self._parse = fmt.parse(self._reader)
         self._done = False
 
@@ -51,22 +52,28 @@ class ParsedOutput:
     calls: list[tuple[str, str]]  # (name, arguments as JSON text)
 
 
-def parse_output(fmt: ToolFormat, text: str, max_calls: int | None = None) -> ParsedOutput:
-    parser = ToolCallParser(fmt, max_calls)
+def parse_output(fmt: ToolFormat, text: str, max_calls: int | None = None,
+                 names: frozenset[str] | None = None) -> ParsedOutput:
+    parser = ToolCallParser(fmt, max_calls, names)
     return collect(parser.feed(text) + parser.finish())
 
 
 def collect(events: list[tuple]) -> ParsedOutput:
+    """The content and calls of a whole output's events; a cut call's text is content, where
+    it was written."""
     content: list[str] = []
-    calls: list[list[str]] = []
+    calls: dict[int, list[str]] = {}
     for event in events:
         if event[0] == "content":
             content.append(event[1])
         elif event[0] == "call":
-            calls.append([event[2], ""])
-        else:
+            calls[event[1]] = [event[2], ""]
+        elif event[0] == "args":
             calls[event[1]][1] += event[2]
-    return ParsedOutput("".join(content), [(name, args) for name, args in calls])
+        elif event[0] == "cut":
+            del calls[event[1]]
+            content.append(event[2])
+    return ParsedOutput("".join(content), [(name, args) for name, args in calls.values()])
 
 
 def new_call_id() -> str:
@@ -78,11 +85,16 @@ def stream_deltas(events: list[tuple], call_ids: list[str]) -> list[dict]:
     """OpenAI stream deltas of `events`, in order: `{"content"}`; a call's first
     `{"tool_calls": [{"index", "id", "type", "function": {"name", "arguments": ""}}]}`; then
     `{"tool_calls": [{"index", "function": {"arguments": fragment}}]}`, the fragments of one
-    call that follow each other joined. `call_ids` gets the id of each new call."""
+    call that follow each other joined. `call_ids` gets the id of each new call; a cut call's
+    becomes None (what was sent of it cannot be taken back; it is no call of the output)."""
     deltas: list[dict] = []
     for event in events:
         last = deltas[-1] if deltas else {}
-        if event[0] == "content":
+        if event[0] == "cut":
+            call_ids[event[1]] = None
+        elif event[0] == "end":
+            continue
+        elif event[0] == "content":
             if "content" in last:
                 last["content"] += event[1]
             else:
@@ -104,13 +116,15 @@ def stream_deltas(events: list[tuple], call_ids: list[str]) -> list[dict]:
 @dataclass(frozen=True)
 class ToolParsing:
     """A job's tool calls are read from its output in `format`; calls past `max_calls` (1
-    where parallel_tool_calls is false) are dropped."""
+    where parallel_tool_calls is false) are dropped, calls to functions not in `names` are
+    not calls (None: any name)."""
 
     format: ToolFormat
     max_calls: int | None = None
+    names: frozenset[str] | None = None
 
     def parser(self) -> ToolCallParser:
-        return ToolCallParser(self.format, self.max_calls)
+        return ToolCallParser(self.format, self.max_calls, self.names)
 
     def parse(self, text: str) -> ParsedOutput:
-        return parse_output(self.format, text, self.max_calls)
+        return parse_output(self.format, text, self.max_calls, self.names)

@@ -7,9 +7,18 @@ waiting primitives below (`literal`, `ws`, `peek`, ...), each a generator used w
 depends on the whole output only, never on where the deltas were cut: fed in any pieces,
 a parser emits the same events, in the same order, as fed the whole output at once.
 
-Events: `("content", text)`, `("call", index, name)`, `("args", index, fragment)`. Content
-keeps the output's text but for the whitespace around tool calls: whitespace just before a
-call, just after one, and at the end of an output that made calls is dropped.
+Events: `("content", text)`, `("call", index, name)`, `("args", index, fragment)`,
+`("end", index)` once a call's arguments are whole (valid JSON: the call stands), and
+`("cut", index, text)` where a call whose head was read never became one (its arguments
+stopped being JSON, or the output ended inside them): `text` is all of it as written, which
+a whole output keeps as content instead of the call. Content keeps the output's text but for
+the whitespace around tool calls: whitespace just before a call, just after one, and at the
+end of an output that made calls is dropped.
+
+`names` (the functions the request declares; None: any): a call to another name is not a
+call, its text stays content. A candidate call not decided within `MAX_UNDECIDED_CHARS`
+(a value that might still be a call in another key order) is content too, so no text waits
+longer than that, and no character is read more than a bounded number of times.
 """
 
 from __future__ import annotations
@@ -17,18 +26,22 @@ from __future__ import annotations
 from specserve.server.tool_calls.json_scan import JsonScan, decode_string
 
 WS = " \t\r\n"
+MAX_UNDECIDED_CHARS = 32_768
 
 
 class Reader:
-    def __init__(self, max_calls: int | None = None) -> None:
+    def __init__(self, max_calls: int | None = None,
+                 names: frozenset[str] | None = None) -> None:
         self.text = ""
         self.pos = 0
         self.eof = False
         self.events: list[tuple] = []
         self.calls = 0
         self.max_calls = max_calls  # calls past this many are read but not emitted
+        self.names = names  # the functions a call may name (None: any)
         self._pending = ""  # trailing whitespace of the content so far, held back
         self._after_call = False  # drop the whitespace that starts the next content
+        self._before: dict[int, str] = {}  # the whitespace dropped before each call
 
     # ---------------------------------------------------------------- events
     def content(self, text: str) -> None:
@@ -47,6 +60,7 @@ class Reader:
     def call(self, name: str) -> int:
         """A call starts; its index (its events are dropped past `max_calls`)."""
         index, self.calls = self.calls, self.calls + 1
+        self._before[index] = self._pending  # given back if the call is cut
         self._pending, self._after_call = "", True
         if self._emits(index):
             self.events.append(("call", index, name))
@@ -55,6 +69,19 @@ class Reader:
     def args(self, index: int, fragment: str) -> None:
         if fragment and self._emits(index):
             self.events.append(("args", index, fragment))
+
+    def ended(self, index: int) -> None:
+        """Call `index` has all its arguments."""
+        if self._emits(index):
+            self.events.append(("end", index))
+
+    def cut(self, index: int, start: int) -> None:
+        """Call `index`, written from `start` to `pos`, never became one."""
+        if self._emits(index):
+            self.events.append(("cut", index, self._before[index] + self.text[start:self.pos]))
+
+    def declared(self, name: object) -> bool:
+        return isinstance(name, str) and bool(name) and (self.names is None or name in self.names)
 
     def end(self) -> None:
         """The output is over: held whitespace is content unless calls were made."""
@@ -106,26 +133,27 @@ class Reader:
             yield
         return self.text[self.pos]
 
-    def value_end(self, scan: JsonScan | None = None):
-        """Where the JSON value at `pos` ends (just past it); None if it never does.
-        `pos` does not move."""
-        scan = scan or JsonScan()
+    def value_end(self, limit: int = MAX_UNDECIDED_CHARS):
+        """Where the JSON value at `pos` ends (just past it); None if it is not one, or does
+        not end within `limit` characters. `pos` does not move."""
+        scan = JsonScan()
         start = self.pos
         while True:
-            end = scan.run(self.text, start)
+            end = scan.run(self.text, start, start + limit)
             if end is not None:
                 return None if end < 0 else end
-            if self.eof:
+            if self.eof or scan.i >= start + limit:
                 return None
             yield
 
     def stream_value(self, on_text, scan: JsonScan | None = None):
         """Consume the JSON value at `pos` (or, with `scan` started inside one, the rest of
-        it), handing each newly read piece to `on_text`; True once it closed."""
+        it), handing each newly read piece to `on_text`; True once it closed, False where it
+        stopped being JSON (`pos` at that character) or the output ended inside it."""
         scan = scan or JsonScan()
         while True:
             end = scan.run(self.text, self.pos)
-            stop = len(self.text) if end is None or end < 0 else end
+            stop = len(self.text) if end is None else scan.failed_at if end < 0 else end
             if stop > self.pos:
                 on_text(self.text[self.pos:stop])
                 self.pos = stop

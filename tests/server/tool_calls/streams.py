@@ -10,9 +10,10 @@ from specserve.server.tool_calls.parser import (ParsedOutput, ToolCallParser, pa
                                                 stream_deltas)
 
 
-def streamed(fmt: ToolFormat, pieces: list[str], max_calls: int | None = None) -> list[dict]:
+def streamed(fmt: ToolFormat, pieces: list[str], max_calls: int | None = None,
+             names: frozenset[str] | None = None) -> list[dict]:
     """The OpenAI deltas of an output fed in `pieces`, then finished."""
-    parser, ids, deltas = ToolCallParser(fmt, max_calls), [], []
+    parser, ids, deltas = ToolCallParser(fmt, max_calls, names), [], []
     for piece in pieces:
         deltas += stream_deltas(parser.feed(piece), ids)
     return deltas + stream_deltas(parser.finish(), ids)
@@ -48,8 +49,9 @@ def cuts(text: str, seed: int = 0) -> list[list[str]]:
     return out
 
 
-def whole(fmt: ToolFormat, text: str, max_calls: int | None = None) -> ParsedOutput:
-    return parse_output(fmt, text, max_calls)
+def whole(fmt: ToolFormat, text: str, max_calls: int | None = None,
+          names: frozenset[str] | None = None) -> ParsedOutput:
+    return parse_output(fmt, text, max_calls, names)
 
 
 def arguments(call: tuple[str, str]) -> object:

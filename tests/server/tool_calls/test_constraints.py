@@ -1,5 +1,6 @@
 """What a request's output is held to, per tool_choice, response_format and
-structured_outputs, and text in each family's `Structural` reading back as the same calls."""
+structured_outputs: the tool-call grammars compiled on a byte-level vocabulary (what each
+accepts and refuses), and text in every form a grammar holds reading back as the same calls."""
 
 from __future__ import annotations
 
@@ -7,22 +8,26 @@ import json
 
 import pytest
 
-from specserve.sampling.structured import Structural, StructuredOutputsParams
+from specserve.sampling.grammar import GrammarCompiler
+from specserve.sampling.structured import StructuredOutputsParams
 from specserve.server.errors import APIError
 from specserve.server.limits import ServerLimits
 from specserve.server.preparation import ModelLimits, completion_jobs
 from specserve.server.protocol import CompletionRequest
-from specserve.server.tool_calls.constraints import call_schema
-from specserve.server.tool_calls.families import FORMATS, GENERIC, HERMES, LLAMA3_JSON
+from specserve.server.tool_calls.families import FORMATS, GENERIC, HERMES, LLAMA3_JSON, MISTRAL
 from specserve.server.tool_calls.parser import parse_output
+from tests.sampling.tiny_vocab import byte_level, logits_width
 from tests.server.tool_calls import templates
 from tests.server.tool_calls.requests import ASKED, WEATHER_TOOL, job
 from tests.tiny import CHAT_TEMPLATE
 
 TIME_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"type": "string"}}}, "strict": True}}
-WEATHER_PARAMS = WEATHER_TOOL["function"]["parameters"]
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+UTC = '{"name": "get_time", "arguments": {"zone": "UTC"}}'
+UNDECLARED = '{"name": "send_email", "arguments": {"to": "x"}}'
+EXTRA_KEY = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}'
 
 
 @pytest.fixture(scope="module")
@@ -37,37 +42,92 @@ def generic_tok(tmp_path_factory):
                                                                    "<|im_end|>"], CHAT_TEMPLATE)
 
 
+@pytest.fixture(scope="module")
+def llama3_tok(tmp_path_factory):
+    return templates.char_tokenizer(tmp_path_factory.mktemp("l"), templates.LLAMA3_SPECIALS,
+                                    templates.LLAMA3_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    tok = byte_level()
+    return GrammarCompiler(tok, logits_width(tok))
+
+
 def constraint(tok, **fields) -> StructuredOutputsParams | None:
     return job(tok, [ASKED], **fields).params.structured_outputs
 
 
-def test_required_holds_the_output_to_calls_of_any_tool_in_the_native_syntax(hermes_tok):
-    got = constraint(hermes_tok, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice="required")
-    strict_time = {**TIME_TOOL["function"]["parameters"], "additionalProperties": False}
-    assert got.structural == Structural(
-        "<tool_call>\n", {"anyOf": [call_schema("get_weather", "arguments", WEATHER_PARAMS),
-                                    call_schema("get_time", "arguments", strict_time)]},
-        "\n</tool_call>", "\n</tool_call>\n<tool_call>\n", triggered=False)
-    assert call_schema("f", "arguments", None)["properties"]["arguments"] == {"type": "object"}
+def accepts(compiler, spec: StructuredOutputsParams, text: str, whole: bool = True) -> bool:
+    """Whether the grammar of `spec` takes `text` (`whole`: as the entire output)."""
+    m = compiler.compile(spec).matcher()
+    return all(m.accept(t) for t in byte_level().encode(text)) and (not whole or m.can_terminate)
 
 
-def test_a_named_function_alone_and_one_call_without_parallel_calls(generic_tok):
-    got = constraint(generic_tok, tools=[WEATHER_TOOL, TIME_TOOL], parallel_tool_calls=False,
-                     tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    assert got.structural == Structural('{"tool_calls": [', call_schema(
-        "get_weather", "arguments", WEATHER_PARAMS), "]}", None, triggered=False)
+def test_required_holds_the_output_to_declared_calls_in_the_native_syntax(hermes_tok, compiler):
+    spec = constraint(hermes_tok, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice="required")
+    assert spec.kind == "grammar"
+    block = "<tool_call>\n{}\n</tool_call>"
+    assert accepts(compiler, spec, block.format(PARIS))
+    assert accepts(compiler, spec, block.format(PARIS + "\n</tool_call>\n<tool_call>\n" + UTC))
+    for wrong in ("Sure. " + block.format(PARIS), block.format(UNDECLARED),
+                  block.format(EXTRA_KEY), PARIS):
+        assert not accepts(compiler, spec, wrong, whole=False), wrong
+
+
+def test_a_named_function_alone_and_one_call_without_parallel_calls(generic_tok, compiler):
+    spec = constraint(generic_tok, tools=[WEATHER_TOOL, TIME_TOOL], parallel_tool_calls=False,
+                      tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert accepts(compiler, spec, '{"tool_calls": [' + PARIS + "]}")
+    assert not accepts(compiler, spec, '{"tool_calls": [' + UTC + "]}", whole=False)
+    assert not accepts(compiler, spec, '{"tool_calls": [' + PARIS + ", " + PARIS, whole=False)
     assert job(generic_tok, [ASKED], tools=[WEATHER_TOOL], parallel_tool_calls=False
                ).tool_calls.max_calls == 1
 
 
-def test_auto_with_a_strict_tool_triggers_at_the_marker_and_loose_tools_take_any_object(
-        hermes_tok):
-    got = constraint(hermes_tok, tools=[WEATHER_TOOL, TIME_TOOL]).structural
-    assert got.triggered and got.begin == "<tool_call>\n"
-    assert got.schema["anyOf"][0] == call_schema("get_weather", "arguments", None)
-    strict = got.schema["anyOf"][1]["properties"]["arguments"]  # strict: nothing beyond its own
-    assert strict == {**TIME_TOOL["function"]["parameters"], "additionalProperties": False}
-    assert constraint(hermes_tok, tools=[WEATHER_TOOL]) is None  # nothing strict: no grammar
+def test_auto_lets_the_model_talk_and_holds_every_call_it_starts_to_a_declared_function(
+        hermes_tok, compiler):
+    spec = constraint(hermes_tok, tools=[WEATHER_TOOL, TIME_TOOL])
+    assert spec.kind == "grammar"
+    assert accepts(compiler, spec, "It is sunny in Paris. ```python\nprint(1)\n```")
+    for text in ("Let me check.\n<tool_call>\n" + PARIS + "\n</tool_call>",
+                 "```json\n" + PARIS + "\n```", "  " + PARIS, PARIS + "\n<tool_call>\n" + UTC
+                 + "\n</tool_call>", "<tool_call>\n" + UTC + "\n</tool_call> Done."):
+        assert accepts(compiler, spec, text), text
+    for text in ("<tool_call>\n" + UNDECLARED, "ok ```json\n" + UNDECLARED, UNDECLARED,
+                 "<tool_call>\n" + EXTRA_KEY, "<tool_call>\n" + PARIS + " and more",
+                 '{\n  "name": "send_email"', 'See:\n```\n{"name": "send_email"'):
+        assert not accepts(compiler, spec, text, whole=False), text
+    # a call written with other whitespace starts the constraint all the same
+    for text in ('{\n  "name": "get_weather", "arguments": {"city": "Paris"}}',
+                 '```\n{"name":"get_weather", "arguments": {"city": "Paris"}}\n```'):
+        assert accepts(compiler, spec, text), text
+    parsing = job(hermes_tok, [ASKED], tools=[WEATHER_TOOL, TIME_TOOL]).tool_calls
+    assert parsing.names == frozenset({"get_weather", "get_time"})
+
+
+def test_allowed_tools_show_every_tool_and_hold_calls_to_those_listed(hermes_tok, compiler):
+    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": "get_time"}}]}}
+    made = job(hermes_tok, [ASKED], tools=[WEATHER_TOOL, TIME_TOOL], tool_choice=allowed)
+    spec = made.params.structured_outputs
+    assert accepts(compiler, spec, "<tool_call>\n" + UTC + "\n</tool_call>")
+    assert not accepts(compiler, spec, "<tool_call>\n" + PARIS, whole=False)
+    assert made.tool_calls.names == frozenset({"get_time"})
+    auto = {"type": "allowed_tools", "allowed_tools": {**allowed["allowed_tools"], "mode": "auto"}}
+    assert accepts(compiler, constraint(hermes_tok, tools=[WEATHER_TOOL, TIME_TOOL],
+                                        tool_choice=auto), "No call needed.")
+
+
+def test_a_tool_not_marked_strict_skips_keywords_the_engine_cannot_enforce(hermes_tok, compiler):
+    odd = {"type": "function", "function": {"name": "fetch", "parameters": {
+        "type": "object", "properties": {"url": {"type": "string", "format": "uri-reference"}}}}}
+    spec = constraint(hermes_tok, tools=[odd], tool_choice="required")
+    assert accepts(compiler, spec, '<tool_call>\n{"name": "fetch", "arguments": '
+                                   '{"url": "a/b"}}\n</tool_call>')
+    strict = {"type": "function", "function": {**odd["function"], "strict": True}}
+    with pytest.raises(ValueError, match="format"):
+        compiler.compile(constraint(hermes_tok, tools=[strict], tool_choice="required"))
 
 
 def test_response_format_and_structured_outputs_become_their_constraints(hermes_tok):
@@ -82,7 +142,7 @@ def test_response_format_and_structured_outputs_become_their_constraints(hermes_
     # a required call wins over the response format; the response format over strict "auto"
     forced = constraint(hermes_tok, tools=[TIME_TOOL], tool_choice="required",
                         response_format=schema_format)
-    assert forced.kind == "structural"
+    assert forced.kind == "grammar"
     assert constraint(hermes_tok, tools=[TIME_TOOL], response_format=schema_format).kind == "json"
 
 
@@ -124,39 +184,38 @@ def test_the_compiler_gets_the_constraint_and_its_refusal_is_a_400_naming_the_fi
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=[f.name for f in FORMATS])
-def test_calls_written_as_the_grammar_holds_them_parse_back_to_the_same_calls(fmt):
-    """`Structural` read as begin value (separator value)* end: what each family's parser
-    takes as its calls."""
-    calls = [{"name": "get_weather", fmt.arguments_key: {"city": "Paris"}},
-             {"name": "get_time", fmt.arguments_key: {"zone": "UTC"}}]
-    for some in (calls[:1], calls):
-        text = fmt.begin + fmt.separator.join(json.dumps(c) for c in some) + fmt.end
-        parsed = parse_output(fmt, text)
+def test_every_form_a_grammar_holds_parses_back_to_the_same_calls(fmt):
+    """The canonical block (`required`) and each form that starts a call under "auto", as
+    the grammar writes them: what the family's parser takes as its calls."""
+    key = fmt.arguments_key
+    calls = [{"name": "get_weather", key: {"city": "Paris"}},
+             {"name": "get_time", key: {"zone": "UTC"}}]
+    texts = [(fmt.begin + fmt.separator.join(json.dumps(c) for c in calls) + fmt.end, calls)]
+    for form in fmt.forms:
+        some = calls if form.separator is not None else calls[:1]
+        first = json.dumps(some[0])
+        first = first[len('{"name": '):] if form.named else first
+        rest = "".join(form.separator + json.dumps(c) for c in some[1:])
+        texts.append((form.trigger + form.before + first + rest + form.after, some))
+    for text, some in texts:
+        parsed = parse_output(fmt, text, names=frozenset({"get_weather", "get_time"}))
         assert parsed.content == "" and [(n, json.loads(a)) for n, a in parsed.calls] == [
-            (c["name"], c[fmt.arguments_key]) for c in some]
+            (c["name"], c[key]) for c in some], text
 
 
-def test_formats_without_a_marker_get_no_trigger(tmp_path):
-    tok = templates.char_tokenizer(tmp_path, templates.LLAMA3_SPECIALS, templates.LLAMA3_TEMPLATE)
-    assert job(tok, [ASKED], tools=[WEATHER_TOOL]).tool_calls.format is LLAMA3_JSON
-    assert constraint(tok, tools=[TIME_TOOL]) is None
-    assert constraint(tok, tools=[TIME_TOOL], tool_choice="required").structural.begin == ""
-    assert GENERIC.begin and HERMES.begin
+def test_every_family_has_a_form_that_starts_a_call_under_auto():
+    assert all(fmt.forms for fmt in FORMATS)
+    assert [f.trigger for f in HERMES.forms] == ["<tool_call>", "```json", '```{"name": ',
+                                                 '{"name": ']
+    assert not any(f.anywhere for f in LLAMA3_JSON.forms + GENERIC.forms)
+    assert MISTRAL.forms[0].trigger == "[TOOL_CALLS]"
 
 
-def test_strict_schemas_take_no_properties_beyond_their_own():
-    from specserve.server.tool_calls.constraints import strict_schema
-
-    schema = {"type": "object", "properties": {
-        "a": {"type": "object", "properties": {"b": {"type": "string"}}},
-        "c": {"type": "array", "items": {"properties": {"d": {"const": {"x": 1}}}}},
-        "e": {"type": "object", "additionalProperties": True},
-        "f": {"type": "object", "patternProperties": {"^x": {"type": "string"}}}}}
-    out = strict_schema(schema)
-    assert out["additionalProperties"] is False
-    assert out["properties"]["a"]["additionalProperties"] is False
-    assert out["properties"]["c"]["items"]["additionalProperties"] is False
-    assert out["properties"]["c"]["items"]["properties"]["d"] == {"const": {"x": 1}}
-    assert out["properties"]["e"]["additionalProperties"] is True
-    assert "additionalProperties" not in out["properties"]["f"]
-    assert "additionalProperties" not in schema  # the request's own schema is not changed
+def test_formats_without_a_marker_hold_a_bare_call_opening_the_output(llama3_tok, compiler):
+    assert job(llama3_tok, [ASKED], tools=[WEATHER_TOOL]).tool_calls.format is LLAMA3_JSON
+    spec = constraint(llama3_tok, tools=[WEATHER_TOOL, TIME_TOOL])
+    bare = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+    assert accepts(compiler, spec, bare) and accepts(compiler, spec, "Paris is sunny.")
+    assert not accepts(compiler, spec, '{"name": "send_email", "parameters": {}}', whole=False)
+    required = constraint(llama3_tok, tools=[WEATHER_TOOL], tool_choice="required")
+    assert accepts(compiler, required, bare) and not accepts(compiler, required, "Hi", False)

@@ -11,6 +11,7 @@ from tests.server.tool_calls.streams import arguments, cuts, reassemble, streame
 
 PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 TOKYO = '{"name": "get_weather", "arguments": {"city": "Tokyo", "days": [1, 2]}}'
+SEND = '{"name": "send_email", "arguments": {"to": "x"}}'
 WEATHER = [("get_weather", {"city": "Paris"})]
 BOTH = WEATHER + [("get_weather", {"city": "Tokyo", "days": [1, 2]})]
 
@@ -99,11 +100,33 @@ def test_text_that_may_start_a_marker_is_held_back_until_it_cannot():
     assert stream_deltas(parser.finish(), []) == []
 
 
-def test_a_call_cut_short_keeps_its_arguments_as_written():
-    """The head committed the call; the output then ended (max_tokens): OpenAI too returns
-    the arguments written so far."""
-    parsed = whole(LLAMA3_JSON, '{"name": "get_weather", "parameters": {"city": "Par')
-    assert parsed.content == "" and parsed.calls == [("get_weather", '{"city": "Par')]
+def test_a_call_cut_short_is_no_call_its_text_is_content():
+    """The head committed the call; the output then ended (max_tokens) inside its arguments:
+    a whole output gives no call with broken arguments, its text stays as written; streamed,
+    the call's id is taken back. A call whose arguments stop being JSON mid-output alike."""
+    text = 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+    parsed = whole(HERMES, text)
+    assert parsed.calls == [] and parsed.content == "Checking.\n" + text[len("Checking.\n"):]
+    cut = whole(LLAMA3_JSON, '{"name": "get_weather", "parameters": {"city": "Par')
+    assert cut.calls == [] and cut.content == '{"name": "get_weather", "parameters": {"city": "Par'
+    parser, ids = ToolCallParser(HERMES), []
+    stream_deltas(parser.feed(text) + parser.finish(), ids)
+    assert ids == [None]
+    broken = f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city" "Paris"}}}}\n' \
+             f'</tool_call>\n<tool_call>\n{TOKYO}\n</tool_call>'
+    parsed = whole(HERMES, broken)
+    assert [arguments(c) for c in parsed.calls] == [{"city": "Tokyo", "days": [1, 2]}]
+    assert parsed.content.startswith('<tool_call>\n{"name": "get_weather"')
+
+
+def test_a_call_to_a_function_not_declared_is_content():
+    names = frozenset({"get_weather"})
+    for text in (f"<tool_call>\n{SEND}\n</tool_call>", f"```json\n{SEND}\n```", SEND,
+                 '{"arguments": {"to": "x"}, "name": "send_email"}'):
+        parsed = whole(HERMES, text, names=names)
+        assert parsed.calls == [] and parsed.content == text, text
+        assert all(reassemble(streamed(HERMES, p, names=names)) == parsed for p in cuts(text)[::5])
+    assert whole(HERMES, f"<tool_call>\n{PARIS}\n</tool_call>", names=names).calls
 
 
 def test_calls_past_max_calls_are_dropped_alike_whole_and_streamed():

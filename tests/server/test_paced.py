@@ -1,0 +1,214 @@
+"""Generation paced by the reader, slots shared among clients, JSON depth, against a real
+server process on a tiny model with 4 sequence slots and the default write timeout (30 s)
+and send buffer (256 KiB): streams nobody reads are held (not generated to their end) and a
+fresh client is answered while they wait; a slow reader gets every token at its own pace;
+one client's burst leaves a slot to another address; JSON nested past the bound is a 400
+naming the field on every route, never a 500."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.server.conftest import KEY, NAME
+from tests.server.test_faults import AUTH, error_of, launch, post
+from tests.server.test_hostile import wait_idle
+
+SLOTS = 4
+LONG = {"model": NAME, "prompt": "the cat", "max_tokens": 900, "ignore_eos": True,
+        "temperature": 0, "speculative": False, "stream": True}
+
+
+@pytest.fixture(scope="module")
+def paced(model_dir, tmp_path_factory):
+    srv = launch(model_dir, tmp_path_factory.mktemp("paced"), "--max-num-seqs", str(SLOTS),
+                 "--max-request-bytes", str(8 << 20))
+    yield srv
+    srv.stop()
+
+
+def port(srv) -> int:
+    return int(srv.base_url.rsplit(":", 1)[1])
+
+
+def request_bytes(body: dict, path: str = "/v1/completions") -> bytes:
+    raw = json.dumps(body).encode()
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n").encode() + raw
+
+
+def unread(srv, body: dict = LONG, receive_buffer: int = 4096) -> socket.socket:
+    """A connection that sends a streaming request and reads nothing (a small window)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.connect(("127.0.0.1", port(srv)))
+    sock.sendall(request_bytes(body))
+    return sock
+
+
+def head_only(srv) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port(srv)))
+    sock.sendall(request_bytes(LONG)[:-10])  # the head and most of the body: never the rest
+    return sock
+
+
+def figures(srv) -> dict[str, float]:
+    text = httpx.get(f"{srv.base_url}/metrics", headers=AUTH, timeout=30).text
+    return {line.split("{")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line.startswith(("vllm:num_requests", "specserve:num_sequences_held"))}
+
+
+def unfinished(srv) -> int:
+    now = figures(srv)
+    return int(now["vllm:num_requests_running"] + now["vllm:num_requests_waiting"])
+
+
+def test_sixteen_streams_never_read_are_held_and_a_fresh_client_is_served_while_they_wait(
+        paced):
+    """The held-out check on a tiny model: 16 streams of 900 tokens nobody reads and 16
+    requests whose bodies never end; a fresh request is answered while every one of the 16
+    streams is still unfinished (each was held once its reader's buffers were full, its slot
+    going to the next; without pacing the fresh request waits for 12 of them to run to their
+    end) and within the issue's 30 s."""
+    flood = []
+    try:
+        flood += [unread(paced) for _ in range(16)]
+        flood += [head_only(paced) for _ in range(16)]
+        start = time.monotonic()
+        fresh = post(paced, {"prompt": "fresh", "max_tokens": 4})
+        waited = time.monotonic() - start
+        left, held = unfinished(paced), figures(paced)["specserve:num_sequences_held"]
+    finally:
+        for sock in flood:
+            sock.close()
+    assert fresh.status_code == 200 and waited < 30, waited
+    assert left == 16 and held >= SLOTS, (left, held)
+    assert wait_idle(paced)["specserve:kv_cache_blocks_used"] == 0
+
+
+def test_a_slow_reader_gets_every_token_at_its_own_pace(paced):
+    """A client that takes 1 KiB every 10 ms, slower than the tokens come, is held and
+    released over and over (the held gauge says so) and gets the same answer as a client
+    that reads at once."""
+    body = {**LONG, "max_tokens": 300, "logprobs": 5}
+    expected = "".join(c["choices"][0]["text"] for c in events(post(paced, body).text))
+    held, reading = [], threading.Event()
+
+    def watch() -> None:
+        while not reading.is_set():
+            held.append(figures(paced)["specserve:num_sequences_held"])
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    sock = unread(paced, body)
+    data = b""
+    try:
+        watcher.start()
+        sock.settimeout(30)
+        while b"data: [DONE]" not in data:
+            chunk = sock.recv(1024)
+            assert chunk, "the server closed the connection"
+            data += chunk
+            time.sleep(0.01)
+    finally:
+        reading.set()
+        watcher.join()
+        sock.close()
+    head, _, stream = data.partition(b"\r\n\r\n")
+    text = "".join(c["choices"][0]["text"] for c in events(dechunk(stream).decode()))
+    assert head.startswith(b"HTTP/1.1 200") and text == expected and len(expected) > 100
+    assert max(held) == 1
+
+
+def events(sse: str) -> list[dict]:
+    return [json.loads(line[6:]) for line in sse.splitlines()
+            if line.startswith("data: {") and '"choices"' in line]
+
+
+def dechunk(body: bytes) -> bytes:
+    """The payload of an HTTP/1.1 chunked body."""
+    out = b""
+    while body:
+        size, _, rest = body.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        out, body = out + rest[:n], rest[n + 2:]
+    return out
+
+
+@pytest.mark.parametrize("address", ["127.0.0.2", "127.0.0.1"])
+def test_one_clients_burst_leaves_a_slot_to_another_address(paced, address):
+    """Client 127.0.0.1 streams 8 requests of 900 tokens (read as they come) on 4 slots; a
+    request from 127.0.0.2 is answered while all 8 are still running. The can-fail twin: from
+    127.0.0.1 itself, it waits behind the burst (some of it has finished by its answer)."""
+    done: list[str] = []
+
+    def stream_one() -> None:
+        with httpx.Client(base_url=paced.base_url, headers=AUTH, timeout=120) as http, \
+                http.stream("POST", "/v1/completions", json=LONG) as r:
+            for _ in r.iter_lines():
+                pass
+        done.append("x")
+
+    burst = [threading.Thread(target=stream_one) for _ in range(8)]
+    for t in burst:
+        t.start()
+    deadline = time.monotonic() + 60
+    while figures(paced)["vllm:num_requests_running"] < SLOTS and time.monotonic() < deadline:
+        time.sleep(0.05)
+    transport = httpx.HTTPTransport(local_address=address)
+    with httpx.Client(base_url=paced.base_url, headers=AUTH, timeout=120,
+                      transport=transport) as http:
+        other = http.post("/v1/completions", json={"model": NAME, "prompt": "x",
+                                                   "max_tokens": 4})
+        finished_before = len(done)
+    for t in burst:
+        t.join()
+    assert other.status_code == 200
+    assert (finished_before == 0) == (address == "127.0.0.2"), finished_before
+
+
+DEEP = "[" * 50_000 + "]" * 50_000
+
+
+def deep_schema(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", '{"model": "%s", "messages": %s}' % (NAME, "[" * 1000 + "]" * 1000),
+     "messages"),
+    ("/v1/completions", '{"model": "%s", "prompt": "x", "x": %s}' % (NAME, DEEP), "x"),
+    ("/v1/responses", '{"model": "%s", "input": %s}' % (NAME, DEEP), "input"),
+    ("/v1/completions", json.dumps({"model": NAME, "prompt": "x",
+                                    "structured_outputs": {"json": DEEP}}), "structured_outputs"),
+    ("/v1/chat/completions", json.dumps({
+        "model": NAME, "messages": [{"role": "user", "content": "x"}], "tools": [{
+            "type": "function", "function": {"name": "f", "strict": True,
+                                             "parameters": deep_schema(30)}}]}), "tools"),
+    ("/v1/chat/completions", json.dumps({"model": NAME, "messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{
+            "id": "c", "type": "function", "function": {"name": "f", "arguments": DEEP}}]}]}),
+     "messages"),
+])
+def test_json_nested_past_the_bound_is_a_400_naming_the_field_on_every_route(paced, path, body,
+                                                                             param):
+    """The cases of the issue (a body 1,000 deep, a structured_outputs.json text 50,000 deep,
+    a strict tool schema of 60 levels) and deep tool arguments, on the two routes and on one
+    the server does not have: 400 `nested_too_deep` naming the field, never a 500."""
+    r = httpx.post(f"{paced.base_url}{path}", content=body,
+                   headers={**AUTH, "content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = error_of(r)
+    assert error["param"] == param and "nested more than 64 levels deep" in error["message"]
+    assert httpx.get(f"{paced.base_url}/health").status_code == 200
+    assert "Traceback" not in paced.log
