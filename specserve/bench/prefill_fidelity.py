@@ -6,9 +6,9 @@ Prompts: the shipped workloads (`code_edit`, `creative`, `summarize`, `chat_shor
 requests, cut at `--tokens`. Each prompt is scored at every position by one pass of three
 models over the same tokens: the reference (`weights="float32"`: every tensor dequantized by
 `weights/dequant.py`, which equals the `gguf` package's `gguf.quants.dequantize` bit for bit,
-on float32 kernels), the int4 kernels (`prefill_path` native) and oneDNN's bf16 prefill path
-(onednn). At each position, the reference's 5 most likely tokens; per side, |Δ log p| of those
-tokens against the reference over every (position, token) pair: mean, 99th percentile and
+on float32 kernels), the int4 kernels (`prefill_path` native), oneDNN's bf16 prefill path
+(onednn) and the int4 projections with oneDNN's attention alone (attention). At each
+position, the reference's 5 most likely tokens; per side, |Δ log p| of those tokens against the reference over every (position, token) pair: mean, 99th percentile and
 maximum, and how often the side's most likely token is the reference's. One JSON object.
 """
 
@@ -80,7 +80,8 @@ def main() -> None:
         del reference, runner
         gc.collect()
         int4 = load_model(args.model)
-        sides = {"int4 (native)": NATIVE, "onednn bf16": ONEDNN}
+        sides = {"int4 (native)": NATIVE, "onednn bf16": ONEDNN,
+                 "int4, onednn attention": PrefillChoice((), 0)}
         result = {"model": args.model, "weights": int4.weights,
                   "prompts": {n: len(ids) for n, ids in prompts.items()}}
         for side, choice in sides.items():
