@@ -3,13 +3,14 @@
     python -m specserve.bench.prefill_fidelity [--model qwen2.5-coder-1.5b] [--tokens 512]
 
 Prompts: the shipped workloads (`code_edit`, `creative`, `summarize`, `chat_short`) as chat
-requests, cut at `--tokens`. Each prompt is scored at every position by one pass of three
-models over the same tokens: the reference (`weights="float32"`: every tensor dequantized by
+requests, cut at `--tokens`. Each prompt is scored at every position by one pass of each
+side over the same tokens: the reference (`weights="float32"`: every tensor dequantized by
 `weights/dequant.py`, which equals the `gguf` package's `gguf.quants.dequantize` bit for bit,
 on float32 kernels), the int4 kernels (`prefill_path` native), oneDNN's bf16 prefill path
 (onednn) and the int4 projections with oneDNN's attention alone (attention). At each
-position, the reference's 5 most likely tokens; per side, |Δ log p| of those tokens against the reference over every (position, token) pair: mean, 99th percentile and
-maximum, and how often the side's most likely token is the reference's. One JSON object.
+position, the reference's 5 most likely tokens; per side, |Δ log p| of those tokens against
+the reference over every (position, token) pair: mean, 99th percentile and maximum, and how
+often the side's most likely token is the reference's. One JSON object.
 """
 
 from __future__ import annotations
