@@ -20,7 +20,8 @@ the baseline server's round time over its own (`--baseline`, default the first).
 OpenAI Responses API with the official client; `messages`: the Anthropic Messages API with the
 official client): the same conversation, tools and sampling in each wire's shapes, so one
 server can be run once per wire (`--ports 8201,8201,8201 --wires chat,responses,messages`).
-Each row then also counts the prompt tokens the prefix cache served (as the wire reports it).
+Each row also counts the prompt tokens the prefix cache served and their share of all prompt
+tokens (as the wire reports them).
 """
 
 from __future__ import annotations
@@ -106,14 +107,16 @@ def turn(client, model: str, messages: list, max_tokens: int, choice: str, wire:
 
 
 def chat_turn(client: OpenAI, model: str, messages: list, max_tokens: int, choice: str) -> dict:
-    first, calls, content, cached = None, {}, "", 0
+    first, calls, content, cached, prompt = None, {}, "", 0, 0
     stream = client.chat.completions.create(
         model=model, messages=messages, tools=TOOLS, tool_choice=choice, temperature=0,
         max_tokens=max_tokens, stream=True, seed=0, parallel_tool_calls=False,
         stream_options={"include_usage": True})
     for chunk in stream:
-        if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
-            cached = chunk.usage.prompt_tokens_details.cached_tokens or 0
+        if chunk.usage is not None:
+            prompt = chunk.usage.prompt_tokens
+            if chunk.usage.prompt_tokens_details is not None:
+                cached = chunk.usage.prompt_tokens_details.cached_tokens or 0
         if not chunk.choices:
             continue
         delta = chunk.choices[0].delta
@@ -127,12 +130,12 @@ def chat_turn(client: OpenAI, model: str, messages: list, max_tokens: int, choic
                 call["name"] += part.function.name or ""
                 call["arguments"] += part.function.arguments or ""
     return {"first": first, "calls": [calls[i] for i in sorted(calls)], "content": content,
-            "cached": cached}
+            "cached": cached, "prompt": prompt}
 
 
 def responses_turn(client: OpenAI, model: str, messages: list, max_tokens: int,
                    choice: str) -> dict:
-    first, calls, content, cached = None, [], "", 0
+    first, calls, content, cached, prompt = None, [], "", 0, 0
     tools = [{"type": "function", **t["function"]} for t in TOOLS]
     stream = client.responses.create(
         model=model, instructions=messages[0]["content"], input=_items(messages[1:]),
@@ -149,7 +152,9 @@ def responses_turn(client: OpenAI, model: str, messages: list, max_tokens: int,
                           "arguments": event.item.arguments})
         elif event.type in ("response.completed", "response.incomplete"):
             cached = event.response.usage.input_tokens_details.cached_tokens
-    return {"first": first, "calls": calls, "content": content, "cached": cached}
+            prompt = event.response.usage.input_tokens
+    return {"first": first, "calls": calls, "content": content, "cached": cached,
+            "prompt": prompt}
 
 
 def _items(messages: list) -> list:
@@ -186,7 +191,8 @@ def messages_turn(client: anthropic.Anthropic, model: str, messages: list, max_t
     calls = [{"id": b.id, "name": b.name, "arguments": json.dumps(b.input)}
              for b in final.content if b.type == "tool_use"]
     return {"first": first, "calls": calls, "content": content,
-            "cached": final.usage.cache_read_input_tokens or 0}
+            "cached": final.usage.cache_read_input_tokens or 0,
+            "prompt": final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)}
 
 
 def _turns(messages: list) -> list:
@@ -227,6 +233,7 @@ def session(port: int, model: str, name: str, index: int, max_tokens: int, choic
     spec = load_session(name)
     messages = [{"role": "system", "content": SYSTEM}]
     out = {"seconds": 0.0, "ttft": [], "calls": 0, "valid": 0, "requests": 0, "cached": 0,
+           "prompt": 0,
            "names": []}
     for user in spec.turns:
         messages.append({"role": "user", "content": variant(user, index)})
@@ -235,6 +242,7 @@ def session(port: int, model: str, name: str, index: int, max_tokens: int, choic
         out["ttft"].append(r["ttft"])
         out["requests"] += 1
         out["cached"] += r["cached"]
+        out["prompt"] += r["prompt"]
         out["names"].append([c["name"] for c in r["calls"]])
         out["calls"] += len(r["calls"])
         out["valid"] += sum(valid_call(c) for c in r["calls"])
@@ -270,7 +278,8 @@ def one_round(port: int, model: str, clients: int, first_index: int, max_tokens:
     return {"wall": wall, "ttft": [x for r in results for x in r["ttft"] if x is not None],
             "requests": sum(r["requests"] for r in results),
             "calls": sum(r["calls"] for r in results), "valid": sum(r["valid"] for r in results),
-            "cached": sum(r["cached"] for r in results), "names": [r["names"] for r in results]}
+            "cached": sum(r["cached"] for r in results),
+            "prompt": sum(r["prompt"] for r in results), "names": [r["names"] for r in results]}
 
 
 def main() -> None:
@@ -318,11 +327,12 @@ def main() -> None:
         ttft = statistics.median(t for x in rows[n] for t in x["ttft"])
         calls, valid = sum(x["calls"] for x in rows[n]), sum(x["valid"] for x in rows[n])
         requests = sum(x["requests"] for x in rows[n])
-        cached = sum(x["cached"] for x in rows[n])
+        cached, prompt = sum(x["cached"] for x in rows[n]), sum(x["prompt"] for x in rows[n])
+        share = f" of {prompt} ({cached / prompt:.1%})" if prompt else ""
         wire = wires[names.index(n)]
         print(f"| {n} | {wire} | {args.clients} | "
               f"{statistics.median(x['wall'] for x in rows[n]):.1f} | {ratio:.2f}x | {ttft:.2f} | "
-              f"{valid}/{requests} ({calls} calls) | {cached} |")
+              f"{valid}/{requests} ({calls} calls) | {cached}{share} |")
 
 
 if __name__ == "__main__":

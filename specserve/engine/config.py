@@ -9,7 +9,8 @@ take rows four at a time), so bigger chunks barely raise prefill throughput whil
 stream waits for the whole chunk. `kv_cache_memory`: bytes for the KV caches of the target and
 the draft together (None: `default_kv_cache_memory()`). `kv_cache_dtype`: "auto" (float16 for
 models on the native glue, the activations' dtype elsewhere), "float32", "float16" or
-"bfloat16", for the target's and the draft's caches.
+"bfloat16", for the target's and the draft's caches. `prefill_path`: see
+`engine/prefill_choice.py`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specserve.models.kv_cache import DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPES, check_kv_cache_dtype
+from specserve.engine.prefill_choice import PREFILL_PATHS
 from specserve.options import option, parse_size
 from specserve.sampling.params import require_bool, require_int
 
@@ -36,6 +38,11 @@ class EngineConfig:
         True, "reuse the KV blocks of a prompt prefix already computed", flag="--prefix-caching")
     kv_cache_dtype: str = option("auto", "KV cache dtype (auto: float16 on the native kernels, "
                                  "else the activations' dtype)", choices=KV_CACHE_DTYPES)
+    prefill_path: str = option(
+        "auto", "where prompt rows' projections and attention run: auto (timed at start-up on "
+        "this machine: oneDNN's bf16 matmul and flash attention where faster than the int4 "
+        "kernels, with bf16 copies of those weights), onednn (forced), native (int4 only)",
+        choices=PREFILL_PATHS)
     trace_steps: str | None = option(
         None, "append one JSON line per engine step to this file: batch, drafts per sequence "
         "and their source, tokens gained, seconds, the cost model's prediction (diagnosis)")
@@ -53,6 +60,9 @@ class EngineConfig:
         require_int("block_size", self.block_size, minimum=1)
         require_bool("enable_prefix_caching", self.enable_prefix_caching)
         check_kv_cache_dtype(self.kv_cache_dtype)
+        if self.prefill_path not in PREFILL_PATHS:
+            raise ValueError(f"prefill_path must be one of {list(PREFILL_PATHS)}, "
+                             f"got {self.prefill_path!r}")
         if self.trace_steps is not None and (not isinstance(self.trace_steps, str)
                                              or not self.trace_steps):
             raise ValueError(f"trace_steps must be a file path, got {self.trace_steps!r}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import random
 import time
 
@@ -23,6 +24,7 @@ import torch
 
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.config import EngineConfig
+from specserve.engine import prefill_choice
 from specserve.engine.output_processor import FINISH_ABORT, OutputProcessor
 from specserve.engine.outputs import (EngineStats, RequestDelta, SpeculationOverride,
                                       TokenOrigin)
@@ -41,6 +43,7 @@ from specserve.speculative.controller import SpeculationController
 from specserve.speculative.drafter import EMPTY, Proposal
 from specserve.speculative.metrics import EngineMetrics
 
+log = logging.getLogger("specserve.engine")
 PREFILL_DRAFT_SHARE = 64  # while prompts wait to prefill, drafts take ≤ 1/64 of a step's tokens
 
 
@@ -188,17 +191,28 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ start-up, idle
     def run_startup(self) -> None:
-        """The start-up work (the tokenizer's text-only copy; the controller's: the draft's
-        restricted head, the cost model's timed passes), once, on the thread that will step
-        the engine: the kernels' OpenMP runtime keeps a team of workers for every thread that
-        ever ran one of them, and with more such threads than cores every step slows down."""
+        """The start-up work (the tokenizer's text-only copy; the prefill path's choice, timed
+        where `prefill_path` is "auto"; the controller's: the draft's restricted head, the cost
+        model's timed passes), once, on the thread that will step the engine: the kernels'
+        OpenMP runtime keeps a team of workers for every thread that ever ran one of them, and
+        with more such threads than cores every step slows down."""
         if self._started:
             return
         self._started = True
         if self._prepare_tokenizer:
             self.tokenizer.prepare()
+        self._choose_prefill()
         if self.spec is not None:
             self.spec.startup()
+
+    def _choose_prefill(self) -> None:
+        """The target's prefill path (`engine/prefill_choice.py`), said in the log."""
+        runner, config = self.runner, self.config
+        choice = prefill_choice.choose(runner.model, config.prefill_path,
+                                       config.max_num_batched_tokens, config.max_model_len,
+                                       runner.cache.dtype)
+        runner.use_prefill(choice)
+        log.info("specserve: %s", prefill_choice.describe(choice, runner.prefill_bytes))
 
     @property
     def started(self) -> bool:
@@ -264,16 +278,18 @@ class LLMEngine:
         starts = [s.num_cached for s in seqs]
         tables = [s.table for s in seqs]
         last_n = [len(r) for r in rows]
+        prefill = [0] * len(rows)  # decode and verify rows stay off the prefill path
         for c in plan.chunks:
             rows.append(c.seq.token_ids[c.start:c.start + c.num_tokens])
             starts.append(c.start)
             tables.append(c.seq.table)
             last_n.append(1 if c.samples else 0)
+            prefill.append(c.prompt_rows)
         if spec is not None and spec.wants_hidden:  # a source drafts from the target's states
-            logits, hidden = self.runner.forward_hidden(rows, starts, tables, last_n)
+            logits, hidden = self.runner.forward_hidden(rows, starts, tables, last_n, prefill)
             spec.observe_hidden(seqs + [c.seq for c in plan.chunks], starts, hidden)
         else:
-            logits = self.runner.forward(rows, starts, tables, last_n)
+            logits = self.runner.forward(rows, starts, tables, last_n, prefill)
         results = [self._round(s, p, lg) for s, p, lg in zip(seqs, proposals, logits)]
         t2 = time.perf_counter()
         if self._trace is not None:
@@ -402,7 +418,8 @@ class LLMEngine:
             prompt_tokens_computed=scheduler.prompt_tokens_computed,
             spec=copy.deepcopy(self.metrics.total), rolling_acceptance=window.acceptance_rate,
             healthy=window.healthy, kv_touched_bytes=self.kv_touched_bytes,
-            held=scheduler.num_held)
+            prefill_onednn=tuple(self.runner.prefill.parts().items()),
+            prefill_dense_bytes=self.runner.prefill_bytes, held=scheduler.num_held)
 
     @property
     def kv_blocks_total(self) -> int:

@@ -151,3 +151,6 @@ class EngineStats:
     healthy: bool  # rolling acceptance >= 0.6 (or nothing drafted yet)
     kv_touched_bytes: int = 0  # KV pool bytes ever taken (resident), at most the budget
     held: int = 0  # sequences held because their readers are behind (counted in running/waiting)
+    # (part, on oneDNN) for each projection and "attention" of the prefill path's choice
+    prefill_onednn: tuple[tuple[str, bool], ...] = ()
+    prefill_dense_bytes: int = 0  # bytes of its dense (bf16) weights beside the int4 ones

@@ -9,6 +9,7 @@ import torch
 from specserve.engine.block_manager import BlockManager, BlockTable
 from specserve.models.hybrid import pick_logits
 from specserve.models.kv_cache import DEFAULT_BLOCK_SIZE
+from specserve.models.prefill import NATIVE, PrefillChoice, PrefillPath
 from specserve.models.transformer import ForwardBatch
 
 
@@ -26,6 +27,28 @@ class ModelRunner:
         self.cache = model.new_pool(num_blocks, block_size) if kv_dtype is None \
             else model.new_pool(num_blocks, block_size, dtype=kv_dtype)
         self.head = None  # a head of its own for the model's passes (a restricted draft head)
+        self.prefill: PrefillChoice = NATIVE  # what its prompt rows run on (`use_prefill`)
+        self._path: PrefillPath | None = None  # the path's dense weights
+
+    def use_prefill(self, choice: PrefillChoice) -> None:
+        """Send the prompt rows of this runner's passes through `choice`
+        (`models/prefill.py`), making the dense weights it names."""
+        self._path = PrefillPath.build(choice, self.model.layers, self.model.dense_weights) \
+            if choice.active else None
+        self.prefill = choice
+
+    @property
+    def prefill_bytes(self) -> int:
+        """Bytes of the prefill path's dense weights."""
+        return self._path.nbytes if self._path is not None else 0
+
+    def _pass_args(self, batch: ForwardBatch) -> dict:
+        """The model's optional pass arguments: its own head, the prefill path for prompt rows
+        (only named where set: models without a prefill path take no such argument)."""
+        args = {} if self.head is None else {"head": self.head}
+        if self._path is not None and batch.prefill:
+            args["prefill"] = self._path
+        return args
 
     @property
     def block_bytes(self) -> int:
@@ -46,24 +69,26 @@ class ModelRunner:
         return BlockManager(self.num_blocks, self.block_size, False, self.cache.release)
 
     def forward(self, rows: list[list[int]], starts: list[int], tables: list[BlockTable],
-                last_n: list[int] | None = None) -> list[torch.Tensor]:
+                last_n: list[int] | None = None, prefill: list[int] | None = None
+                ) -> list[torch.Tensor]:
         """Feed `rows[i]` at positions `starts[i]...` of the sequence holding `tables[i]` (its
-        blocks must reach those positions); returns float32 logits `[last_n[i] (default
-        len(rows[i])), vocab]` per row."""
-        batch = ForwardBatch.paged(rows, starts, [t.blocks for t in tables], tables)
+        blocks must reach those positions), the first `prefill[i]` of them prompt rows (the
+        model's prefill path takes them; default none); returns float32 logits `[last_n[i]
+        (default len(rows[i])), vocab]` per row."""
+        batch = ForwardBatch.paged(rows, starts, [t.blocks for t in tables], tables, prefill)
         with torch.inference_mode():
-            if self.head is None:
-                return self.model.forward(batch, self.cache, last_n)
-            return self.model.forward(batch, self.cache, last_n, head=self.head)
+            return self.model.forward(batch, self.cache, last_n, **self._pass_args(batch))
 
     def forward_hidden(self, rows: list[list[int]], starts: list[int], tables: list[BlockTable],
-                       last_n: list[int] | None = None
+                       last_n: list[int] | None = None, prefill: list[int] | None = None
                        ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """As `forward`, and the final normalised hidden states `[len(rows[i]), hidden]` of
         every row (what a model's own multi-token-prediction head drafts from)."""
-        batch = ForwardBatch.paged(rows, starts, [t.blocks for t in tables], tables)
+        batch = ForwardBatch.paged(rows, starts, [t.blocks for t in tables], tables, prefill)
         with torch.inference_mode():
-            hidden = self.model.hidden_states(batch, self.cache)  # [total rows, hidden]
+            path = self._pass_args(batch).get("prefill")
+            hidden = self.model.hidden_states(batch, self.cache) if path is None \
+                else self.model.hidden_states(batch, self.cache, path)  # [total rows, hidden]
             logits = pick_logits(self.model, hidden, batch.lengths, last_n, self.head)
         return logits, list(hidden.split(batch.lengths))
 

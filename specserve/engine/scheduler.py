@@ -46,6 +46,12 @@ class Chunk:
     num_tokens: int
 
     @property
+    def prompt_rows(self) -> int:
+        """Its leading rows that are prompt tokens (the rest, after a preemption, recompute
+        output tokens: those keep the path that computed them first, the decode rows')."""
+        return max(0, min(self.num_tokens, self.seq.prompt_len - self.start))
+
+    @property
     def samples(self) -> bool:
         """The prompt's last chunk: its last row's logits give the sequence's first token."""
         end = self.start + self.num_tokens

@@ -50,6 +50,7 @@ class StepTrace:
     def step(self, engine, plan, start: float) -> None:
         record = {"t": round(start, 6), "step_s": round(time.perf_counter() - start, 6),
                   "B": len(plan.decode), "prefill_tokens": sum(c.num_tokens for c in plan.chunks),
+                  "prefill_path": engine.runner.prefill.label(),
                   "running": len(engine.scheduler.running),
                   "waiting": len(engine.scheduler.waiting), **self._round}
         if engine.spec is not None and plan.decode:

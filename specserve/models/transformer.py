@@ -31,6 +31,8 @@ from specserve.models.attention import ragged_attention
 from specserve.models.config import ModelConfig
 from specserve.models.kv_cache import DEFAULT_BLOCK_SIZE, KVCache, resolve_kv_cache_dtype
 from specserve.models.layer import FLOAT32_GEMM_ROWS, Layer, Linear, rms_norm, rotate_half  # noqa: F401
+from specserve.models.prefill import PrefillPath
+from specserve.models.prefill_pass import prefill_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,29 +53,44 @@ class ForwardBatch:
     # recurrent state key it by this; None where the caller names none (attention-only models)
     seq_keys: tuple | None = None
     starts: tuple[int, ...] = ()  # [num_seqs] the position of each sequence's first row
+    # [num_seqs] how many of each sequence's leading rows are prompt rows, which take the
+    # prefill path where the model has one (`models/prefill.py`); empty: none
+    prefill: tuple[int, ...] = ()
 
     @staticmethod
     def paged(rows: list[list[int]], starts: list[int], block_tables: list[list[int]],
-              keys: list | None = None) -> "ForwardBatch":
+              keys: list | None = None, prefill: list[int] | None = None) -> "ForwardBatch":
         """`rows[i]` fed at positions `starts[i]...` of the sequence whose blocks are
         `block_tables[i]` (every block the rows' positions reach must be listed) and whose
-        identity is `keys[i]` (optional)."""
+        identity is `keys[i]` (optional); the first `prefill[i]` of them are prompt rows
+        (default: none)."""
         width = max(1, max(len(t) for t in block_tables))
         tables = torch.zeros((len(rows), width), dtype=torch.int32)
         for i, t in enumerate(block_tables):
             tables[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
-        return ForwardBatch._flat(rows, starts, tables, keys)
+        return ForwardBatch._flat(rows, starts, tables, keys, prefill)
 
     @staticmethod
-    def _flat(rows, starts, tables, keys=None) -> "ForwardBatch":
+    def _flat(rows, starts, tables, keys=None, prefill=None) -> "ForwardBatch":
         lengths = [len(r) for r in rows]
         tokens = torch.tensor([t for r in rows for t in r], dtype=torch.long)  # [rows]
         positions = torch.tensor([s + j for s, n in zip(starts, lengths) for j in range(n)],
                                  dtype=torch.long)  # [rows]
         row_seq = torch.repeat_interleave(torch.arange(len(rows), dtype=torch.int32),
                                           torch.tensor(lengths))  # [rows]
+        if prefill is not None and any(not 0 <= p <= n for p, n in zip(prefill, lengths)):
+            raise ValueError(f"prefill counts {list(prefill)} exceed the rows {lengths}")
         return ForwardBatch(tokens, positions, row_seq, lengths, tables,
-                            None if keys is None else tuple(keys), tuple(starts))
+                            None if keys is None else tuple(keys), tuple(starts),
+                            tuple(prefill) if prefill is not None and any(prefill) else ())
+
+    def prefill_rows(self) -> torch.Tensor:
+        """The indices of the prompt rows (`prefill`), ascending: `[num prompt rows]` long."""
+        firsts = [0]
+        for n in self.lengths[:-1]:
+            firsts.append(firsts[-1] + n)
+        return torch.tensor([f + j for f, p in zip(firsts, self.prefill) for j in range(p)],
+                            dtype=torch.long)
 
 
 def _check_rc(rc: int, name: str) -> None:
@@ -147,6 +164,10 @@ class Transformer:
         # float64 [len(decoder.STEPS)] or None: where set (a benchmark), the fused pass adds
         # its seconds per kind of step into it
         self.pass_profile: torch.Tensor | None = None
+        # (layer index, projection attribute) → that projection's float weights [out, in] as
+        # the source file dequantizes them (set by the loader for quantized models; None: the
+        # projections are what they are): what a prefill path is made from
+        self.dense_weights = None
 
     def new_pool(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  dtype: torch.dtype = ATTN_DTYPE) -> KVCache:
@@ -185,15 +206,20 @@ class Transformer:
             x = x * torch.tensor(self.cfg.embed_scale, dtype=self.embed.dtype).to(x.dtype)
         return x
 
-    def hidden_states(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+    def hidden_states(self, batch: ForwardBatch, cache: KVCache,
+                      prefill: PrefillPath | None = None) -> torch.Tensor:
         """Run the decoder over `batch`, writing its keys/values into `cache`. Returns the final
-        normalised hidden states `[rows, hidden]`."""
+        normalised hidden states `[rows, hidden]`. `prefill`: the path the batch's prompt rows
+        (`ForwardBatch.prefill`) take on the native glue (None: the int4 kernels', as every
+        other row's)."""
         c = self.cfg
         tables = batch.block_tables  # [num_seqs, max_blocks]
         ropes = self._layer_ropes(batch.positions)
         x = self._embed(batch.tokens)  # [rows, hidden]
         lib = kernels.attention() if self._native_layers(x) else None
         if lib is not None:
+            if prefill is not None and prefill.choice.active and batch.prefill:
+                return self._native_pass(lib, x, batch, tables, *ropes[0], cache, prefill)
             return self._native_pass(lib, x, batch, tables, *ropes[0], cache)
         block_of = tables[batch.row_seq.long(), batch.positions // cache.block_size]  # [rows]
         slot_mapping = block_of.long() * cache.block_size + batch.positions % cache.block_size
@@ -264,7 +290,8 @@ class Transformer:
         return self._plan[1]
 
     def _native_pass(self, lib, x: torch.Tensor, batch: ForwardBatch, tables: torch.Tensor,
-                     cos: torch.Tensor, sin: torch.Tensor, cache: KVCache) -> torch.Tensor:
+                     cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+                     prefill: PrefillPath | None = None) -> torch.Tensor:
         """`hidden_states` on the native glue (`specserve/kernels/attention.c`): the same
         arithmetic per row as the PyTorch path's rotary embedding and attention, its own
         fixed-order RMSNorm and SiLU. The whole pass is one call (`decoder_pass`) where every
@@ -287,6 +314,10 @@ class Transformer:
                         pos32.data_ptr())
         step = cache.keys[0].numel() * cache.keys.element_size()  # bytes of one layer's pool
         out = torch.empty_like(x)  # [rows, hidden]
+        if prefill is not None:
+            prefill_layers(self, prefill, lib, x, batch, bufs, cos, sin, cache, step, index,
+                           scale)
+            return self._final_norm(lib, x, out)
         plan = self._decoder_plan()
         if plan is not None:
             dims = Dims(hidden, heads, kv_heads, hd, c.intermediate_size, c.rms_norm_eps, scale)
@@ -300,9 +331,13 @@ class Transformer:
             _check_rc(rc, "decoder_pass")
             return out
         self._layer_calls(lib, x, bufs, cos, sin, cache, step, index, scale)
-        eps = ctypes.c_float(c.rms_norm_eps)
-        _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, self.norm.data_ptr(), eps,
-                               out.data_ptr()), "rms_norm")
+        return self._final_norm(lib, x, out)
+
+    def _final_norm(self, lib, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        rows, hidden = x.shape
+        _check_rc(lib.rms_norm(x.data_ptr(), rows, hidden, self.norm.data_ptr(),
+                               ctypes.c_float(self.cfg.rms_norm_eps), out.data_ptr()),
+                  "rms_norm")
         return out
 
     def _layer_calls(self, lib, x: torch.Tensor, bufs: "PassBuffers", cos: torch.Tensor,
@@ -354,10 +389,11 @@ class Transformer:
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def forward(self, batch: ForwardBatch, cache: KVCache, last_n: list[int] | None = None,
-                head=None) -> list[torch.Tensor]:
+                head=None, prefill: PrefillPath | None = None) -> list[torch.Tensor]:
         """Logits of the last `last_n[seq]` rows of each sequence (default: all its rows;
-        0: none): a list of `[n_seq, vocab]` float32 tensors (`head`: see `logits`)."""
-        hidden = self.hidden_states(batch, cache)  # [rows, hidden]
+        0: none): a list of `[n_seq, vocab]` float32 tensors (`head`: see `logits`;
+        `prefill`: see `hidden_states`)."""
+        hidden = self.hidden_states(batch, cache, prefill)  # [rows, hidden]
         wanted = last_n if last_n is not None else batch.lengths
         picks, end = [], 0
         for n, m in zip(batch.lengths, wanted):

@@ -72,6 +72,15 @@ class EngineCollector:
                             "prefix cache instead of being computed.", s.prefix_cache_hit_tokens)
         yield self._counter("specserve:prompt_tokens_computed", "Prompt tokens run through the "
                             "target model (prefill).", s.prompt_tokens_computed)
+        path = GaugeMetricFamily("specserve:prefill_onednn", "1 where prompt rows run this part "
+                                 "of a pass (a projection, or attention) on oneDNN, 0 on the "
+                                 "int4 kernels (chosen at start-up, --prefill-path).",
+                                 labels=["model_name", "part"])
+        for part, onednn in s.prefill_onednn:
+            path.add_metric([self._model, part], float(onednn))
+        yield path
+        yield self._gauge("specserve:prefill_dense_bytes", "Bytes of the bf16 weights the "
+                          "prefill path keeps beside the int4 ones.", s.prefill_dense_bytes)
         drafts = spec.drafted_per_position[0] if spec.drafted_per_position else 0
         yield self._counter("vllm:spec_decode_num_drafts", "Speculative rounds that drafted at "
                             "least one token.", drafts)

@@ -40,6 +40,7 @@ from specserve import kernels
 from specserve.weights import dequant
 from specserve.models import tokenizer as tok
 from specserve.weights import weight_cache
+from specserve.weights.dense_source import gguf_source, hf_source
 from specserve.models.config import HYBRID_ARCHITECTURES, ModelConfig
 from specserve.models.factory import build_model
 from specserve.weights.gguf_file import GGUFFile
@@ -132,6 +133,8 @@ def load_model(name: str | Path, dtype: str | torch.dtype = "auto", weights: str
         model = build_model(cfg, tensors)
         del tensors
         quantize_linears(model, fmt)
+        if fmt in QUANTIZED_FORMATS:  # the prefill path's dense copies come from the file
+            model.dense_weights = hf_source(path)
     elif path.suffix == ".gguf" or path.is_file():
         gguf_file = open_gguf(path)
         meta = read_metadata(gguf_file)
@@ -148,6 +151,7 @@ def load_model(name: str | Path, dtype: str | torch.dtype = "auto", weights: str
                 tokenizer = tok.from_gguf_metadata(meta)
                 entry = pending.result()
             model, hit = _load_native(gguf_file, cfg, bits, fmt, torch_dtype, slot, entry)
+            model.dense_weights = gguf_source(gguf_file, cfg)  # the prefill path's source
         else:
             tokenizer = tok.from_gguf_metadata(meta)
             index = tensor_index(gguf_file)

@@ -61,3 +61,14 @@ def test_finished_requests_fill_the_latency_histograms_and_token_counters():
     assert _value(families["vllm:prompt_tokens"]) == 3
     assert _value(families["vllm:generation_tokens"]) == 10
     assert _value(families["vllm:request_success"], finished_reason="length") == 2
+
+
+def test_the_prefill_paths_choice_is_one_gauge_per_part():
+    parts = (("qkv", True), ("o", False), ("gate_up", True), ("down", True), ("attention", False))
+    stats = _stats(SpecMetrics())
+    families = _families(ServerMetrics(
+        lambda: EngineStats(**{**stats.__dict__, "prefill_onednn": parts,
+                               "prefill_dense_bytes": 123}), "tiny"))
+    assert {part: _value(families["specserve:prefill_onednn"], part=part) for part, _ in parts} \
+        == {part: float(on) for part, on in parts}
+    assert _value(families["specserve:prefill_dense_bytes"]) == 123
