@@ -29,10 +29,11 @@ class RestrictedHead:
     """Logits `[rows, vocab]` from a head over the first `keep` ids and the `extra` ids; −inf
     elsewhere."""
 
-    def __init__(self, first: object, extra_ids: torch.Tensor, extra: object, vocab: int) -> None:
+    def __init__(self, first: object, keep: int, extra_ids: torch.Tensor, extra: object,
+                 vocab: int) -> None:
         self.first, self.extra, self.vocab = first, extra, vocab
         self.extra_ids = extra_ids  # [n_extra] int64
-        self.keep = first.out_features
+        self.keep = keep  # `first`'s outputs (a dense `Linear` has no out_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])  # [rows, hidden]
@@ -55,7 +56,7 @@ def restricted_head(model, keep: int, extra_ids: list[int]) -> RestrictedHead | 
     if keep + len(extra) >= vocab or not isinstance(head, (NativeLinear, Linear)):
         return None
     rows = torch.tensor(extra, dtype=torch.long)
-    return RestrictedHead(_first_rows(head, keep), rows, _float_rows(head, rows), vocab)
+    return RestrictedHead(_first_rows(head, keep), keep, rows, _float_rows(head, rows), vocab)
 
 
 def _first_rows(head, keep: int):
@@ -78,13 +79,13 @@ def _first_rows(head, keep: int):
 
 
 def _float_rows(head, rows: torch.Tensor) -> Linear:
-    """A float head over the `rows` ids: the head's own rows, dequantized."""
-    if isinstance(head, NativeLinear):
-        weight = _dequantized_rows(head.w, rows)
-    else:
-        weight = head.weight[rows]
-    bias = head.bias
-    return Linear(weight.float().contiguous(), bias[rows].float() if bias is not None else None)
+    """A float head over the `rows` ids: the head's own rows, dequantized to float32 (a native
+    head's activations are float32), or in the dense head's dtype (its activations')."""
+    bias = head.bias[rows] if head.bias is not None else None
+    if not isinstance(head, NativeLinear):
+        return Linear(head.weight[rows].contiguous(), bias)
+    weight = _dequantized_rows(head.w, rows)
+    return Linear(weight.float().contiguous(), bias.float() if bias is not None else None)
 
 
 def _dequantized_rows(w: NativeWeights, rows: torch.Tensor) -> torch.Tensor:
