@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from specserve.weights.quant import (FLOAT_BLOCK_KINDS, KIND_R8, KIND_S6, NativeWeights,
-                                     act_block)
+                                     kind_act_block)
 
 LANES = 16
 
@@ -108,11 +108,11 @@ def _f32(i: np.ndarray) -> np.ndarray:
 def matmul(x: torch.Tensor, w: NativeWeights, ab: int | None = None) -> torch.Tensor:
     """What q_matmul returns for x [rows, k] float32 (no bias), to the bit: [rows, n]. `ab`: the
     activation block (default: `NativeLinear`'s for these weights: R8 its sb, else
-    `act_block(k)`)."""
+    `kind_act_block`)."""
     f = fields(w)
     rows, k = x.shape
     n, nb = w.out_features, k // 32
-    ab = (w.sb if w.kind == KIND_R8 else act_block(k)) if ab is None else ab
+    ab = (w.sb if w.kind == KIND_R8 else kind_act_block(w.kind, k)) if ab is None else ab
     qa, da = quantize_activations(x, ab)
     blocks = qa.reshape(rows, nb, 32)
     q = f["q"].reshape(n, nb, 32)

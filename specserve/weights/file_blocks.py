@@ -22,7 +22,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 
 from specserve.weights.dequant import block_fields
-from specserve.weights.quant import (KIND_B4, KIND_B6, KIND_B8, KIND_K4, KIND_K6, KIND_S6,
+from specserve.weights.quant import (KIND_B4, KIND_B6, KIND_B8, KIND_K4, KIND_K6, KIND_R8,
+                                     KIND_S6,
                                      LANES, NativeWeights, _pack_bytes, _pack_lanes, _tile)
 
 # type → (kind, code offset): what each quantized type becomes
@@ -46,16 +47,17 @@ def native_blocks(raw: np.ndarray | torch.Tensor, qtype: Q, rows: int,
     `qtype`) in its kind's layout, `_ROWS` rows at a time."""
     if qtype not in KINDS:
         raise ValueError(f"{Q(qtype).name} tensors are not carried as blocks")
-    data = torch.as_tensor(np.ascontiguousarray(raw)).view(torch.uint8).reshape(rows, -1)
+    data = torch.as_tensor(np.array(raw)).view(torch.uint8).reshape(rows, -1)  # a copy
     parts = [_repack(data[r:r + _ROWS], qtype, cols) for r in range(0, rows, _ROWS)]
     return parts[0] if len(parts) == 1 else concat(parts)
 
 
 def concat(parts: list[NativeWeights]) -> NativeWeights:
-    """Weights of one kind stacked output-wise (every part but the last whole tiles)."""
+    """Weights of one kind stacked output-wise (lanes kinds: every part but the last whole
+    tiles)."""
     first = parts[0]
     if any(p.kind != first.kind or p.sb != first.sb or p.zero != first.zero for p in parts) \
-            or any(p.out_features % LANES for p in parts[:-1]):
+            or (first.kind != KIND_R8 and any(p.out_features % LANES for p in parts[:-1])):
         raise ValueError("only whole tiles of one kind stack")
 
     def cat(name: str) -> torch.Tensor | None:

@@ -320,6 +320,15 @@ def act_block(in_features: int, preferred: int = ACT_BLOCK) -> int:
     return next(b for b in ACT_BLOCKS if b <= preferred and in_features % b == 0)
 
 
+def kind_act_block(kind: int, in_features: int, preferred: int | None = None) -> int:
+    """The activation block a part of `kind` runs with: `preferred`, else ACT_BLOCK, but 32 for
+    the float-scaled blocks (B kinds: a float step per block of 32 anyway, and llama.cpp's
+    Q8_0 activations for them) and the step block for the 8-bit rows."""
+    if preferred is None:
+        preferred = 32 if kind in FLOAT_BLOCK_KINDS else ACT_BLOCK
+    return act_block(in_features, preferred)
+
+
 # A part of a projection: quantized weights, or dense float32 / bfloat16 weights [n, k]
 Part = NativeWeights | torch.Tensor
 
@@ -337,7 +346,7 @@ class NativeLinear:
     by side in the output; computes in float32 and returns the input's dtype."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int,
-                 isa: str | None = None, act_block: int = ACT_BLOCK) -> None:
+                 isa: str | None = None, act_block: int | None = None) -> None:
         """`weight` [out, in] float quantized to `bits` (4, 6: K4, K6; 8: R8; `quantize_native`)."""
         lib = kernels.qmatmul(isa)  # `isa` None: the widest this CPU runs (kernels.isa())
         if lib is None:
@@ -349,14 +358,15 @@ class NativeLinear:
 
     @classmethod
     def from_weights(cls, w: NativeWeights, bias: torch.Tensor | None,
-                     isa: str | None = None, act_block: int = ACT_BLOCK) -> "NativeLinear":
+                     isa: str | None = None, act_block: int | None = None) -> "NativeLinear":
         """A layer over weights already in the kernel's layout (no quantization)."""
         return cls.from_parts((w,), bias, isa, act_block)
 
     @classmethod
     def from_parts(cls, parts: tuple[Part, ...], bias: torch.Tensor | None,
-                   isa: str | None = None, act_block: int = ACT_BLOCK) -> "NativeLinear":
-        """A layer over `parts` (their outputs side by side, in order) and `bias` [Σ outputs]."""
+                   isa: str | None = None, act_block: int | None = None) -> "NativeLinear":
+        """A layer over `parts` (their outputs side by side, in order) and `bias` [Σ outputs];
+        `act_block` None: each part's kind's (`kind_act_block`)."""
         lib = kernels.qmatmul(isa)
         if lib is None:
             raise RuntimeError("the native quantized kernels are not available on this machine")
@@ -365,7 +375,7 @@ class NativeLinear:
         return layer
 
     def _setup(self, lib, isa: str | None, parts: tuple[Part, ...], bias: torch.Tensor | None,
-               act_block: int) -> None:
+               act_block: int | None) -> None:
         widths = {part_width(p)[1] for p in parts}
         if not parts or len(widths) != 1:
             raise ValueError(f"a projection's parts must share their input width, got {widths}")
@@ -400,7 +410,7 @@ class NativeLinear:
         if isinstance(p, torch.Tensor):
             kind = KIND_BF16 if p.dtype == torch.bfloat16 else KIND_F32
             return Proj(kind, k, p.shape[0], 0, p.data_ptr(), path=path)
-        ab = p.sb if p.kind == KIND_R8 else act_block(k, self.act_block)
+        ab = p.sb if p.kind == KIND_R8 else kind_act_block(p.kind, k, self.act_block)
         return Proj(p.kind, k, p.out_features, p.sb, p.qs.data_ptr(), data_ptr(p.qh),
                     data_ptr(p.sc), p.dsup.data_ptr(), data_ptr(p.mins), data_ptr(p.dmin),
                     None, ab, p.zero, path)
