@@ -143,13 +143,20 @@ def forced_rows(model, seq: Sequence) -> torch.Tensor:
 # ---------------------------------------------------------------- comparison
 def compare(ref: torch.Tensor, test: torch.Tensor, k: int = 5) -> dict[str, np.ndarray]:
     """Per position: |Δlogp| of the reference's top-k tokens [n, k], KL(ref ‖ test) [n] and
-    whether the argmaxes agree [n]."""
+    whether the argmaxes agree [n]; and where the path's own greedy text would part from the
+    reference's (`split`: the first disagreement, n if none: teacher forcing feeds both the
+    same tokens until there) with the reference's margin there (`margin`: its log-probability
+    of its token less that of the path's; a tie is near 0)."""
     ref, test = ref.double(), test.double()
     top = ref.topk(k, dim=-1).indices  # [n, k]
     delta = (test.gather(-1, top) - ref.gather(-1, top)).abs()
     kl = (ref.exp() * (ref - test)).sum(-1).clamp_min(0)
-    agree = ref.argmax(-1) == test.argmax(-1)
-    return {"delta": delta.numpy(), "kl": kl.numpy(), "agree": agree.numpy()}
+    picks = test.argmax(-1)  # [n]
+    agree = ref.argmax(-1) == picks
+    split = int((~agree).nonzero()[0, 0]) if (~agree).any() else len(agree)
+    margin = float(ref[split].max() - ref[split, picks[split]]) if split < len(agree) else None
+    return {"delta": delta.numpy(), "kl": kl.numpy(), "agree": agree.numpy(), "split": split,
+            "margin": margin}
 
 
 def summarize(parts: list[dict[str, np.ndarray]]) -> dict[str, float]:
@@ -282,6 +289,10 @@ def run(model_path: Path, paths: list[str], tokens: int = 48, k: int = 5,
         parts = [compare(r, t, k) for r, t in zip(ref_rows, rows)]
         entry = summarize(parts)
         entry["by_kind"] = {s.kind: summarize([p])["mean"] for s, p in zip(seqs, parts)}
+        # the token at which greedy text parts from the reference's (1-based; None: it does
+        # not within `tokens`) and the reference's margin there (nats)
+        entry["greedy_split"] = {s.kind: [p["split"] + 1 if p["split"] < tokens else None,
+                                          p["margin"]] for s, p in zip(seqs, parts)}
         report["paths"][path] = entry
         print(f"{path:<10} {_line(entry)}", flush=True)
     report["seconds"] = time.perf_counter() - start
@@ -293,7 +304,14 @@ def _line(e: dict) -> str:
             f"KL {e['kl_mean']:.5f} (max {e['kl_max']:.4f})  top-1 {100 * e['top1_agree']:.1f}%")
 
 
+def _split(entry: dict, kind: str) -> str:
+    token, margin = entry.get("greedy_split", {}).get(kind, (None, None))
+    return "—" if token is None else f"{token} ({margin:.3f})"
+
+
 def markdown(report: dict) -> str:
+    """The summary table, then where each path's greedy text parts from the reference's
+    (token, the reference's margin there in nats; —: not within the tokens)."""
     kinds = [s["kind"] for s in report["sequences"]]
     head = ("| path | mean \\|Δlogp\\| top-{k} | p99 | max | mean KL | max KL | top-1 agree | "
             .format(k=report["top_k"]) + " | ".join(kinds) + " |")
@@ -302,6 +320,10 @@ def markdown(report: dict) -> str:
         lines.append(f"| {path} | {e['mean']:.4f} | {e['p99']:.3f} | {e['max']:.3f} | "
                      f"{e['kl_mean']:.5f} | {e['kl_max']:.4f} | {100 * e['top1_agree']:.1f}% | "
                      + " | ".join(f"{e['by_kind'][kd]:.4f}" for kd in kinds) + " |")
+    lines += ["", "| greedy text parts at token (margin) | " + " | ".join(kinds) + " |",
+              "|" + "---|" * (1 + len(kinds))]
+    for path, e in report["paths"].items():
+        lines.append(f"| {path} | " + " | ".join(_split(e, kd) for kd in kinds) + " |")
     return "\n".join(lines) + "\n"
 
 
