@@ -2,16 +2,18 @@
 see `hub/resolver.py`) into a ready decoder and its tokenizer.
 
 `weights="auto"` (the default) follows the source: a GGUF file whose projections are stored
-quantized stays quantized on the native kernels, int4-style (what the file stores with more
-bits per weight wider, `projection_width`: e.g. the Q6_K head of a Q4_K_M file at 6 bits); a
-float GGUF file or a Hugging Face directory loads dense, in bfloat16 (float32 when `dtype`
-says so). Where the native kernels cannot run, "auto" loads dense bfloat16. `dtype="auto"`
+quantized stays quantized on the native kernels as "int4": every quantized tensor as the
+file's own blocks (`file_blocks.py`: its codes and scales repacked, never quantized again on
+a new grid; its float tensors at 8 bits); a float GGUF file or a Hugging Face directory loads
+dense, in bfloat16 (float32 when `dtype` says so). The load line (`LoadedModel.carried`) says
+how each type was carried. Where the native kernels cannot run, "auto" loads dense bfloat16. `dtype="auto"`
 follows the weights: float32 for the native kernels (their activations are float32; the
 embedding and norms are kept in float32 too), bfloat16 for dense weights.
 
 A draft model (`draft=True`) that would load int4 loads "int4-all" instead: every projection
-and the head at 4 bits, the wider tensors too (the 0.5B Qwen2.5-Coder Q4_K_M file stores its
-gate/up, output and q/k projections Q5_0, which int4 keeps at 6 bits). A draft's precision
+and the head at 4 bits, the wider tensors quantized anew (the 0.5B Qwen2.5-Coder Q4_K_M file
+stores its gate/up, output and q/k projections Q5_0, its head Q8_0; its Q4_K tensors stay
+the file's own). A draft's precision
 changes only how often its drafts are accepted, never the output (the verifier judges each
 draft against the distribution it was sampled from). The default pair's draft step reads
 257 MB instead of 364 (restricted head included), and acceptance on the shipped workloads

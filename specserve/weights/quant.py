@@ -1,28 +1,32 @@
-"""Weight-only quantized linear layers.
+"""Weight-only quantized linear layers on our own kernels (`specserve/kernels/qmatmul.c`,
+`NativeLinear`), layout v4 (`NativeWeights`).
 
-All formats keep weights in blocks of 32 inputs (the granularity of GGUF's Q4_K, Q6_K and
-Q8_0 sub-blocks) grouped into super-blocks of `sb` inputs (256, 128 or 64), and run on our own
-kernel (`specserve/kernels/qmatmul.c`, `NativeLinear`): activations are quantized on the fly to
-int8 per super-block, each block's dot product is integer, and the float steps come once per
-super-block, so the rows of a verify pass cost arithmetic, not memory traffic.
+Weights sit in blocks of 32 inputs; activations are quantized on the fly to int8 per
+activation block (`ACT_BLOCK`: 64 inputs for the integer-scaled kinds, 32 for the float-scaled
+ones), each block's dot product is integer, and the float steps come once per step (the finer
+of the weights' step block and the activation block), so the rows of a verify pass cost
+arithmetic, not memory traffic. The kinds (16 outputs side by side in a tile, but R8):
 
-- `int4`: asymmetric 4-bit, q in 0..15. What a GGUF file stores with more bits keeps more:
-  Q5_x and Q6_K (in llama.cpp's Q4_K_M files the output head and half the value and down
-  projections) at 6 bits, asymmetric like 4 (q in 0..63), Q8_0 and float tensors at 8 bits.
-  Layout v3 ("outputs in lanes", `NativeWeights`): 16 outputs side by side, each block with
-  an 8-bit scale multiplier sc (0..255) and an 8-bit offset multiplier m (−127..127) of its
-  super-block's float steps: w = dsup·sc·q + dmin·m (4.75 bits per 4-bit weight, 6.75 per
-  6-bit one). The kernel sums I_s = Σ_b sc_b·Σ q·qa and M_s = Σ_b m_b·Σ qa exactly per
-  super-block and adds both with one fma each (the arithmetic the tests' reference repeats
-  to the bit).
-- `int8`: symmetric 8-bit per block, w = dsup·sc·q, q in −127..127, sc an int16 multiplier;
-  one output per row (layout v2).
+- K4, K6: 4- or 6-bit codes, each block an 8-bit scale multiplier sc and an 8-bit offset
+  multiplier m of its super-block's float steps: w = dsup·sc·q + dmin·m (GGUF's Q4_K and
+  Q5_K as they are; what int4 quantizes from float weights, `quantize_native`);
+- S6: 6-bit codes, a signed 8-bit scale per 16 inputs: w = d·sc·(q − 32) (GGUF's Q6_K);
+- B4, B6, B8: 4-, 6- or 8-bit codes, a float16 scale (and offset) per block: w = d·(q − zero)
+  (+ m) (GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0);
+- R8: 8-bit rows, w = dsup·sc·q, q in −127..127 (what int8 quantizes from float weights).
+
+A GGUF file's quantized tensors are carried as their own blocks (`file_blocks.py`); `int4`
+quantizes float weights (a Hugging Face directory, a float file) to K4, and `int8` to R8. A
+projection may hold several parts of their own kinds (`Part`). The kernel sums integers
+exactly per step and adds each step with one fma (the arithmetic the tests' reference repeats
+to the bit).
 
 The native kernels compute in float32, so the quantized model keeps its residual stream in
 float32. Where they cannot be built or run (no C compiler, no AVX2), PyTorch's packed
 kernels take over with bfloat16 activations: `aten._weight_int4pack_mm_for_cpu` (int4,
-same blocks, w = (q − 8)·scale + zero) and `aten._weight_int8pack_mm` (int8 per output
-channel); their cost grows about linearly with the rows.
+w = (q − 8)·scale + zero per block of 32, quantized from the float weights) and
+`aten._weight_int8pack_mm` (int8 per output channel); their cost grows about linearly with
+the rows.
 """
 
 from __future__ import annotations

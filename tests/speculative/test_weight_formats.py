@@ -78,3 +78,31 @@ def test_serve_starts_and_answers_with_dense_weights_and_the_draft(pair, fmt, tm
         assert r.json()["usage"]["completion_tokens"] == 8
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q6_K", "Q4_K", "Q5_0"])
+def test_a_restricted_head_of_the_files_own_blocks_keeps_its_rows(qtype):
+    """The draft's head restricted to its first ids, on each kind a file's head arrives in:
+    the kept rows give the full head's bits, the extra ids its dequantized rows' values."""
+    import types
+
+    import numpy as np
+    import torch
+    from gguf import GGMLQuantizationType as T
+
+    from specserve.speculative.draft_head import restricted_head
+    from specserve.weights.file_blocks import native_blocks
+    from specserve.weights.quant import NativeLinear
+
+    rng = np.random.default_rng(3)
+    vocab, hidden = 200, 256
+    raw = tiny.quantize_raw(rng.standard_normal((vocab, hidden)).astype(np.float32), T[qtype], rng)
+    head = NativeLinear.from_weights(native_blocks(raw, T[qtype], vocab, hidden), None)
+    model = types.SimpleNamespace(cfg=types.SimpleNamespace(vocab_size=vocab), lm_head=head)
+    restricted = restricted_head(model, 64, [150, 199])
+    x = torch.randn(3, hidden, generator=torch.Generator().manual_seed(0))
+    got, full = restricted(x), head(x)
+    assert torch.equal(got[:, :64], full[:, :64])
+    extra = x @ head.w.dequantize()[[150, 199]].t()
+    assert torch.allclose(got[:, [150, 199]], extra, rtol=1e-4, atol=1e-4)
+    assert torch.isinf(got[:, 64:150]).all() and torch.isinf(got[:, 151:199]).all()
