@@ -4,7 +4,9 @@
 Run by a Python that has `llama_cpp` (llama-cpp-python, built from its sdist so that llama.cpp
 is compiled for this CPU), not necessarily specserve's: it needs numpy and llama_cpp only.
 Each sequence's prompt is evaluated in one batch, then its continuation one token at a time,
-as a decode; the log-softmax of llama.cpp's logits at each continuation position is written
+as a decode; the log-softmax of llama.cpp's logits at each continuation position (those of
+the last evaluated token: `llama_get_logits_ith(ctx, -1)`; `Llama.scores` holds only what
+`logits_all` asks it to keep) is written
 (float32, `rows{i}` in an .npz).
 
     python llama_cpp_logprobs.py --model FILE.gguf --sequences seqs.json --rows-out rows.npz
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import llama_cpp
 import numpy as np
 from llama_cpp import Llama
 
@@ -30,7 +33,8 @@ def rows_for(llm: Llama, prompt: list[int], continuation: list[int]) -> np.ndarr
     llm.eval(prompt)
     rows = []
     for i, token in enumerate(continuation):
-        rows.append(log_softmax(np.array(llm.scores[llm.n_tokens - 1])))
+        last = llama_cpp.llama_get_logits_ith(llm.ctx, -1)  # the last evaluated token's
+        rows.append(log_softmax(np.ctypeslib.as_array(last, shape=(llm.n_vocab(),))))
         if i + 1 < len(continuation):
             llm.eval([token])
     return np.stack(rows)  # [n, vocab]
