@@ -74,7 +74,9 @@ def cmd_generate(args) -> int:
     config = LLMConfig.from_args(args)
     prompt = read_prompt(args)
     llm = LLM.from_config(config)
-    print(f"# loaded {llm.target.path.name} in {llm.target.load_seconds:.1f}s", file=sys.stderr)
+    carried = f"; {llm.target.carried}" if llm.target.carried else ""
+    print(f"# loaded {llm.target.path.name} in {llm.target.load_seconds:.1f}s "
+          f"({llm.target.weights} weights{carried})", file=sys.stderr)
     if args.chat:
         outputs = llm.chat([{"role": "user", "content": prompt}], params)
     else:

@@ -24,7 +24,9 @@ OPTIONAL = {"plots": (("matplotlib",), "matplotlib"),
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark suites: speed, acceptance and what was given up")
     p.add_argument("--suite", default="seed-table",
-                   help=f"one of {sorted(suites.SUITES) + ['frontier']}")
+                   help=f"one of {sorted(suites.SUITES) + ['fidelity', 'frontier']} (fidelity: "
+                   "the weight paths' log-probabilities against the file's float32 model; "
+                   "`python -m specserve.bench.fidelity --help` for its options)")
     p.add_argument("--configs", default=None,
                    help="JSON list of {name, spec, temperature, workloads} (or a file holding "
                    "one) instead of a suite")
@@ -120,6 +122,9 @@ def cmd_bench(args) -> int:
         return list_workloads()
     if args.concurrency:
         return concurrency_cli.cmd_concurrency(args, prompt_files(args))
+    if args.suite == "fidelity" and not args.configs:
+        from specserve.bench import fidelity
+        return fidelity.main(["--model", str(args.model), "--out", str(args.out)])
     if args.suite == "frontier" and not args.configs:
         return frontier_cli.cmd_frontier(args, prompt_files(args))
     configs = load_configs(args)

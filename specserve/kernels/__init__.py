@@ -19,8 +19,8 @@ Instruction sets, chosen at run time from /proc/cpuinfo, widest first:
 `SPECSERVE_NO_NATIVE=1` forces PyTorch. Each set builds the same source with its own flags
 into its own shared object; the quantized and float matmuls give the same bits on each.
 
-`qmatmul()` returns the loaded library (4-, 6- and 8-bit weight matmuls `q_matmul`, float weight
-matmul `f_matmul`), or None where it cannot run here (no compiler, no AVX2/FMA/F16C, or
+`qmatmul()` returns the loaded library (quantized weight matmuls `q_matmul`, float weight
+matmul `f_matmul`, a projection of one or more parts `proj_run`), or None where it cannot run here (no compiler, no AVX2/FMA/F16C, or
 `SPECSERVE_NO_NATIVE`); `isa()` says which instruction set it was built for.
 """
 
@@ -165,8 +165,9 @@ def _load_qmatmul(name: str, source: Path = SOURCE) -> ctypes.CDLL | None:
         log.warning("native %s matmul kernels unavailable (%s); using PyTorch's", name, err)
         return None
     p, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    # bits, x, rows, k, sb, qs, qh, sc, dsup, mins, dmin, n, y, path (layout v3)
-    lib.q_matmul.argtypes = [c_int, p, i64, i64, i64, p, p, p, p, p, p, i64, p, c_int]
+    # kind, x, rows, k, sb, ab, zero, qs, qh, sc, dsup, mins, dmin, n, y, ldy, path (layout v4)
+    lib.q_matmul.argtypes = [c_int, p, i64, i64, i64, i64, ctypes.c_int32, p, p, p, p, p, p,
+                             i64, p, i64, c_int]
     lib.q_matmul.restype = c_int
     lib.q_sc_max.argtypes = [c_int]
     lib.q_sc_max.restype = c_int

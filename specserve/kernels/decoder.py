@@ -15,16 +15,20 @@ import ctypes
 import torch
 
 P, I64, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-KIND_F32, KIND_BF16 = 32, 16  # `proj_t.kind` of float weights; quantized ones give their bits
+KIND_F32, KIND_BF16 = 32, 16  # `proj_t.kind` of float weights
+# the quantized kinds (qmatmul.c's KIND_*; `weights/quant.py` says what each carries)
+KIND_K4, KIND_K6, KIND_R8, KIND_S6, KIND_B4, KIND_B6, KIND_B8 = 4, 6, 8, 36, 44, 46, 48
 # the kinds of step `decoder_pass` profiles, in its order (attention.c's ST_*)
 STEPS = ("norm", "qkv", "rope", "attend", "o", "gate_up", "silu", "down")
 
 
 class Proj(ctypes.Structure):
-    """`proj_t` (qmatmul.c): a projection's weights as `q_matmul` or `f_matmul` take them."""
+    """`proj_t` (qmatmul.c): a projection's weights as `q_matmul` or `f_matmul` take them; a
+    projection of several parts chains them by `next` (the address of the next part's)."""
 
     _fields_ = [("kind", I64), ("k", I64), ("n", I64), ("sb", I64), ("qs", P), ("qh", P),
-                ("sc", P), ("dsup", P), ("mins", P), ("dmin", P), ("bias", P)]
+                ("sc", P), ("dsup", P), ("mins", P), ("dmin", P), ("bias", P), ("ab", I64),
+                ("zero", I64), ("path", I64), ("next", P)]
 
 
 class LayerDesc(ctypes.Structure):
@@ -59,6 +63,8 @@ def bind_matmul(matmul: ctypes.CDLL) -> None:
     """Declare the fused pass's entry points in the matmul library (`qmatmul.c`)."""
     matmul.proj_check.argtypes = [ctypes.POINTER(Proj)]
     matmul.proj_check.restype = ctypes.c_int
+    matmul.proj_run.argtypes = [ctypes.POINTER(Proj), P, I64, P]
+    matmul.proj_run.restype = ctypes.c_int
 
 
 def bind_glue(glue: ctypes.CDLL) -> None:

@@ -63,8 +63,10 @@ def cmd_serve(args) -> int:
     start = time.perf_counter()
     llm = LLM.from_config(config, defer_startup=True)  # timed on the engine's thread
     draft = f" + draft {llm.draft.path.name}" if llm.draft is not None else ""
-    log.info("specserve: loaded %s%s (%s weights, speculation %s) in %.1f s", llm.target.path.name,
-             draft, config.load.weights, config.speculative or "off", time.perf_counter() - start)
+    carried = f": {llm.target.carried}" if llm.target.carried else ""
+    log.info("specserve: loaded %s%s (%s weights%s; speculation %s) in %.1f s",
+             llm.target.path.name, draft, llm.target.weights, carried,
+             config.speculative or "off", time.perf_counter() - start)
     engine = llm.async_engine(server.step_timeout)
     limits = ModelLimits(server.served_model_name or str(config.load.model),
                          llm.engine.config.max_model_len, llm.target.config.vocab_size,

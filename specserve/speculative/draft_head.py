@@ -20,7 +20,7 @@ import dataclasses
 import torch
 
 from specserve.models.transformer import Linear
-from specserve.weights.quant import NativeLinear, NativeWeights
+from specserve.weights.quant import KIND_R8, NativeLinear, NativeWeights
 
 TILE = 16  # outputs per tile of the native 4- and 6-bit layouts
 
@@ -29,10 +29,11 @@ class RestrictedHead:
     """Logits `[rows, vocab]` from a head over the first `keep` ids and the `extra` ids; −inf
     elsewhere."""
 
-    def __init__(self, first: object, extra_ids: torch.Tensor, extra: object, vocab: int) -> None:
+    def __init__(self, first: object, keep: int, extra_ids: torch.Tensor, extra: object,
+                 vocab: int) -> None:
         self.first, self.extra, self.vocab = first, extra, vocab
         self.extra_ids = extra_ids  # [n_extra] int64
-        self.keep = first.out_features
+        self.keep = keep  # `first`'s outputs (a dense `Linear` has no out_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])  # [rows, hidden]
@@ -47,49 +48,42 @@ def restricted_head(model, keep: int, extra_ids: list[int]) -> RestrictedHead | 
     """A head for `model` (a Transformer) over ids 0..keep−1 (rounded up to a tile) and
     `extra_ids`, sharing the model's weights (the model is not changed: the draft's runner
     passes the head to its passes); None when that covers the vocabulary or the head's
-    format is not one this slices."""
+    format is not one this slices (PyTorch's packed fallbacks; a native head of several
+    parts)."""
     vocab = model.cfg.vocab_size
     keep = min(vocab, -(-keep // TILE) * TILE)
     extra = sorted({i for i in extra_ids if keep <= i < vocab})
     head = model.lm_head
     if keep + len(extra) >= vocab or not isinstance(head, (NativeLinear, Linear)):
         return None
+    if isinstance(head, NativeLinear) and (len(head.parts) != 1
+                                           or not isinstance(head.parts[0], NativeWeights)):
+        return None
     rows = torch.tensor(extra, dtype=torch.long)
-    return RestrictedHead(_first_rows(head, keep), rows, _float_rows(head, rows), vocab)
+    return RestrictedHead(_first_rows(head, keep), keep, rows, _float_rows(head, rows), vocab)
 
 
 def _first_rows(head, keep: int):
     """The head's first `keep` outputs, in its own format (views of its weights)."""
+    bias = head.bias[:keep] if head.bias is not None else None
     if isinstance(head, NativeLinear):
-        w = head.w
-        if w.bits == 8:
-            part = dataclasses.replace(w, out_features=keep, qs=w.qs[:keep], sc=w.sc[:keep],
-                                       dsup=w.dsup[:keep])
-        else:
-            tiles = keep // TILE
-            part = dataclasses.replace(
-                w, out_features=keep, qs=w.qs[:tiles], sc=w.sc[:tiles], dsup=w.dsup[:tiles],
-                mins=w.mins[:tiles], dmin=w.dmin[:tiles],
-                qh=w.qh[:tiles] if w.qh is not None else None)
-        bias = head.bias[:keep] if head.bias is not None else None
-        return NativeLinear.from_weights(part, bias)
-    bias = head.bias[:keep] if getattr(head, "bias", None) is not None else None
+        return NativeLinear.from_weights(head.w.rows(0, keep), bias, act_block=head.act_block)
     return Linear(head.weight[:keep], bias)
 
 
 def _float_rows(head, rows: torch.Tensor) -> Linear:
-    """A float head over the `rows` ids: the head's own rows, dequantized."""
-    if isinstance(head, NativeLinear):
-        weight = _dequantized_rows(head.w, rows)
-    else:
-        weight = head.weight[rows]
-    bias = head.bias
-    return Linear(weight.float().contiguous(), bias[rows].float() if bias is not None else None)
+    """A float head over the `rows` ids: the head's own rows, dequantized to float32 (a native
+    head's activations are float32), or in the dense head's dtype (its activations')."""
+    bias = head.bias[rows] if head.bias is not None else None
+    if not isinstance(head, NativeLinear):
+        return Linear(head.weight[rows].contiguous(), bias)
+    weight = _dequantized_rows(head.w, rows)
+    return Linear(weight.float().contiguous(), bias.float() if bias is not None else None)
 
 
 def _dequantized_rows(w: NativeWeights, rows: torch.Tensor) -> torch.Tensor:
     """[len(rows), k] float32: rows of `w` dequantized, reading only the tiles holding them."""
-    if w.bits == 8:
+    if w.kind == KIND_R8:
         part = dataclasses.replace(w, out_features=len(rows), qs=w.qs[rows], sc=w.sc[rows],
                                    dsup=w.dsup[rows])
         return part.dequantize()

@@ -121,7 +121,13 @@ def _decode_q5_1(blocks: torch.Tensor, out: torch.Tensor) -> None:
 
 
 def _k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 8 six-bit scales and 8 six-bit mins [n, 8] of Q4_K/Q5_K (bytes 4..16).
+    """The 8 six-bit scales and 8 six-bit mins [n, 8] of Q4_K/Q5_K, as float32."""
+    sc, mn = _k_scale_bytes(blocks)
+    return sc.float(), mn.float()
+
+
+def _k_scale_bytes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8 six-bit scales and 8 six-bit mins [n, 8] uint8 of Q4_K/Q5_K (bytes 4..16).
 
     Bytes 4-7 hold scales 0-3 (low 6 bits) and the top 2 bits of scales 4-7; bytes 8-11
     hold mins 0-3 and the top bits of mins 4-7; bytes 12-15 hold the low 4 bits of
@@ -132,7 +138,7 @@ def _k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     top = 0x30303030
     sc = torch.stack((lo_sc & 0x3F3F3F3F, (mixed & 0x0F0F0F0F) | ((lo_sc >> 2) & top)), dim=1)  # [n, 2]
     mn = torch.stack((lo_m & 0x3F3F3F3F, ((mixed >> 4) & 0x0F0F0F0F) | ((lo_m >> 2) & top)), dim=1)
-    return sc.view(torch.uint8).float(), mn.view(torch.uint8).float()  # [n, 8] each
+    return sc.view(torch.uint8), mn.view(torch.uint8)  # [n, 8] each
 
 
 def _k_affine(blocks: torch.Tensor, q: torch.Tensor, out: torch.Tensor) -> None:
@@ -182,6 +188,42 @@ def _decode_q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     sub_blocks = out.view(-1, 16, 16)  # [n, 16, 16]
     sub_blocks.copy_((low | high).view(-1, 16, 16))
     sub_blocks.sub_(32.0).mul_(scale)
+
+
+def block_fields(blocks: torch.Tensor, qtype: GGMLQuantizationType
+                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The codes and scale fields of blocks [n, type_size] (contiguous uint8) of a quantized
+    type, as the file stores them: (codes [n, block_size] (uint8; Q8_0 int8), fields), the
+    fields float16 (d, m, dmin) or integer (sc, m of the K types: uint8 [n, 8]; Q6_K's sc: int8
+    [n, 16]), each [n, 1] or [n, sub-blocks]. Q5_*'s fifth bit and Q6_K's top two bits are
+    in the codes."""
+    words = blocks.view(torch.int16)
+
+    def half(i: int) -> torch.Tensor:
+        return words[:, i:i + 1].view(torch.float16)  # [n, 1]
+
+    if qtype == Q.Q8_0:
+        return blocks[:, 2:].view(torch.int8), {"d": half(0)}
+    if qtype == Q.Q4_0:
+        return _nibbles(words[:, 1:]).view(-1, 32), {"d": half(0)}
+    if qtype == Q.Q4_1:
+        return _nibbles(words[:, 2:]).view(-1, 32), {"d": half(0), "m": half(1)}
+    if qtype == Q.Q5_0:
+        return _five_bit(blocks, 2), {"d": half(0)}
+    if qtype == Q.Q5_1:
+        return _five_bit(blocks, 4), {"d": half(0), "m": half(1)}
+    if qtype in (Q.Q4_K, Q.Q5_K):
+        sc, mn = _k_scale_bytes(blocks)
+        if qtype == Q.Q4_K:
+            codes = _k_low_nibbles(words[:, 8:72])
+        else:
+            codes = _k_low_nibbles(words[:, 24:88]) | _fifth_bits(blocks[:, 16:48]).transpose(1, 2)
+        return codes.reshape(-1, 256), {"d": half(0), "dmin": half(1), "sc": sc, "m": mn}
+    if qtype == Q.Q6_K:
+        low = _nibbles(words[:, :64].reshape(-1, 2, 32)).view(-1, 8, 32)
+        codes = (low | _q6_k_high(words[:, 64:96].reshape(-1, 2, 16))).reshape(-1, 256)
+        return codes, {"d": half(104), "sc": blocks[:, 192:208].view(torch.int8)}
+    raise ValueError(f"{GGMLQuantizationType(qtype).name} is not a quantized block type here")
 
 
 _DECODERS: dict[GGMLQuantizationType, BlockDecoder] = {

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES
 
@@ -69,9 +70,11 @@ def read_metadata(gguf_file: GGUFFile) -> dict:
 
 
 def config_from_metadata(meta: dict, tensor_names: set[str], path: Path,
-                         rope_freqs: torch.Tensor | None = None) -> ModelConfig:
+                         rope_freqs: torch.Tensor | None = None,
+                         shapes: dict[str, tuple[int, ...]] | None = None) -> ModelConfig:
     """The decoder's configuration (`rope_freqs`: the file's rope_freqs tensor, which holds
-    gemma4's global rope)."""
+    gemma4's global rope). `shapes` (Hugging Face name → shape): every size the metadata
+    states is checked against them (`check_sizes`) before anything is derived from it."""
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported; "
@@ -90,9 +93,10 @@ def config_from_metadata(meta: dict, tensor_names: set[str], path: Path,
             raise ValueError(f"{path}: GGUF metadata lacks {arch}.{name}")
         return value
 
-    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
-    layers = int(key("block_count"))
+    sizes = check_sizes(meta, arch, shapes or {}, path)
+    hidden, heads, head_dim = sizes["embedding_length"], sizes["attention.head_count"], \
+        sizes["attention.key_length"]
+    layers = sizes["block_count"]
     rope = gguf_rope(meta, arch, head_dim, path)
     if meta.get(f"{arch}.attn_logit_softcapping") is not None:
         raise ValueError(f"{path}: attention logit soft-capping is not supported")
@@ -103,16 +107,16 @@ def config_from_metadata(meta: dict, tensor_names: set[str], path: Path,
     try:
         return ModelConfig(
             architecture=arch,
-            vocab_size=int(meta.get(f"{arch}.vocab_size", len(meta["tokenizer.ggml.tokens"]))),
+            vocab_size=sizes["vocab_size"],
             hidden_size=hidden,
-            intermediate_size=int(key("feed_forward_length")),
+            intermediate_size=sizes["feed_forward_length"],
             num_layers=layers,
             num_heads=heads,
-            num_kv_heads=int(key("attention.head_count_kv", heads)),
+            num_kv_heads=sizes["attention.head_count_kv"],
             head_dim=head_dim,
             rope_theta=rope.theta,
             rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-            max_position=int(key("context_length", 4096)),
+            max_position=sizes["context_length"],
             tie_word_embeddings="output.weight" not in tensor_names,
             attention_bias=arch == "qwen2",
             rope_scaling=rope.scaling,
@@ -122,6 +126,94 @@ def config_from_metadata(meta: dict, tensor_names: set[str], path: Path,
         )
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
+
+
+# Bounds of the sizes a GGUF file states, far above any released model's: a larger value is a
+# lie that would allocate gigabytes (a rotary table, a pass's buffers) before anything else
+# could notice it.
+SIZE_BOUNDS = {"embedding_length": 1 << 17, "block_count": 1 << 12,
+               "attention.head_count": 1 << 12, "attention.head_count_kv": 1 << 12,
+               "attention.key_length": 1 << 12, "feed_forward_length": 1 << 20,
+               "vocab_size": 1 << 24, "context_length": 1 << 24}
+
+
+def _stated(meta: dict, arch: str, name: str, default, path: Path) -> int:
+    """The size `{arch}.{name}` states (or `default`), a positive integer within its bound."""
+    value = meta.get(f"{arch}.{name}", default)
+    if value is None:
+        raise ValueError(f"{path}: GGUF metadata lacks {arch}.{name}")
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{path}: {arch}.{name} must be one integer, got {value!r}")
+    if not 1 <= value <= SIZE_BOUNDS[name]:
+        raise ValueError(f"{path}: {arch}.{name} = {value} is outside 1..{SIZE_BOUNDS[name]}")
+    return int(value)
+
+
+def check_sizes(meta: dict, arch: str, shapes: dict[str, tuple[int, ...]],
+                path: Path) -> dict[str, int]:
+    """Every size the metadata of a `llama`/`qwen2`/`qwen3`/`gemma3` file states (`SIZE_BOUNDS`'
+    names; vocab_size defaults to the vocabulary's length), within its bound and, where
+    `shapes` holds the tensors (Hugging Face names), equal to what their shapes say: a lie
+    raises ValueError naming the field. Nothing is allocated from a size before this."""
+    tokens = meta.get("tokenizer.ggml.tokens")
+    vocab_key = f"{arch}.vocab_size" if f"{arch}.vocab_size" in meta else "tokenizer.ggml.tokens"
+    s = {"embedding_length": _stated(meta, arch, "embedding_length", None, path),
+         "block_count": _stated(meta, arch, "block_count", None, path),
+         "attention.head_count": _stated(meta, arch, "attention.head_count", None, path),
+         "feed_forward_length": _stated(meta, arch, "feed_forward_length", None, path),
+         "context_length": _stated(meta, arch, "context_length", 4096, path),
+         "vocab_size": _stated(meta, arch, "vocab_size",
+                               len(tokens) if tokens is not None else None, path)}
+    heads, hidden = s["attention.head_count"], s["embedding_length"]
+    s["attention.head_count_kv"] = _stated(meta, arch, "attention.head_count_kv", heads, path)
+    if f"{arch}.attention.key_length" not in meta and hidden % heads:
+        raise ValueError(f"{path}: {arch}.attention.head_count = {heads} does not divide "
+                         f"{arch}.embedding_length = {hidden} (and no key_length is stated)")
+    s["attention.key_length"] = _stated(meta, arch, "attention.key_length", hidden // heads, path)
+    if shapes:
+        _match_shapes(s, arch, shapes, vocab_key, path)
+    return s
+
+
+def _match_shapes(s: dict[str, int], arch: str, shapes: dict[str, tuple[int, ...]],
+                  vocab_key: str, path: Path) -> None:
+    """`check_sizes`' comparison of the stated sizes `s` with the tensors' shapes."""
+    def mismatch(what: str, want: tuple, name: str) -> None:
+        got = shapes.get(name)
+        if got is not None and tuple(got) != want:
+            raise ValueError(f"{path}: {what} give {name} the shape {want}; the file's is "
+                             f"{tuple(got)}")
+
+    hidden, vocab = s["embedding_length"], s["vocab_size"]
+    hd, heads, kv = s["attention.key_length"], s["attention.head_count"], \
+        s["attention.head_count_kv"]
+    mismatch(f"{arch}.embedding_length = {hidden} and {vocab_key} = {vocab}",
+             (vocab, hidden), "model.embed_tokens.weight")
+    mismatch(f"{arch}.embedding_length = {hidden} and {vocab_key} = {vocab}", (vocab, hidden),
+             "lm_head.weight")
+    present = {int(n.split(".")[2]) for n in shapes if n.startswith("model.layers.")}
+    if present != set(range(s["block_count"])):
+        raise ValueError(f"{path}: {arch}.block_count = {s['block_count']}, but the file holds "
+                         f"the tensors of {len(present)} layers")
+    heads_of = f"{arch}.attention.head_count = {heads} and {arch}.attention.key_length = {hd}"
+    kv_of = f"{arch}.attention.head_count_kv = {kv} and {arch}.attention.key_length = {hd}"
+    ffn = f"{arch}.feed_forward_length = {s['feed_forward_length']}"
+    for i in sorted(present):
+        at = f"model.layers.{i}."
+        mismatch(f"{arch}.embedding_length = {hidden}", (hidden,), at + "input_layernorm.weight")
+        mismatch(f"{heads_of}, {arch}.embedding_length = {hidden}", (heads * hd, hidden),
+                 at + "self_attn.q_proj.weight")
+        mismatch(f"{kv_of}, {arch}.embedding_length = {hidden}", (kv * hd, hidden),
+                 at + "self_attn.k_proj.weight")
+        mismatch(f"{kv_of}, {arch}.embedding_length = {hidden}", (kv * hd, hidden),
+                 at + "self_attn.v_proj.weight")
+        mismatch(f"{heads_of}, {arch}.embedding_length = {hidden}", (hidden, heads * hd),
+                 at + "self_attn.o_proj.weight")
+        for part in ("gate", "up"):
+            mismatch(f"{ffn}, {arch}.embedding_length = {hidden}",
+                     (s["feed_forward_length"], hidden), at + f"mlp.{part}_proj.weight")
+        mismatch(f"{ffn}, {arch}.embedding_length = {hidden}",
+                 (hidden, s["feed_forward_length"]), at + "mlp.down_proj.weight")
 
 
 def _gemma3(meta: dict, layers: int, hidden: int, heads: int, head_dim: int,
@@ -171,8 +263,10 @@ def config_from_gguf(gguf_file: GGUFFile, meta: dict) -> ModelConfig:
     freqs = next((t for t in gguf_file.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
         freqs = dequantize(gguf_file.raw(freqs), freqs.qtype, freqs.shape, name=freqs.name)
-    cfg = config_from_metadata(meta, {t.name for t in gguf_file.tensors}, gguf_file.path, freqs)
-    _check_complete(cfg, tensor_index(gguf_file), gguf_file.path)
+    index = tensor_index(gguf_file)
+    cfg = config_from_metadata(meta, {t.name for t in gguf_file.tensors}, gguf_file.path, freqs,
+                               {n: t.shape for n, t in index.items()})
+    _check_complete(cfg, index, gguf_file.path)
     return cfg
 
 

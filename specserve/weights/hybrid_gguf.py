@@ -91,8 +91,10 @@ def _int(meta: dict, arch: str, key: str, path: Path, default=None) -> int:
     if value is None:
         raise ValueError(f"{path}: GGUF metadata lacks {arch}.{key}")
     if isinstance(value, list):  # a per-layer array: the first layer's (checked by shapes)
-        value = value[0]
-    return int(value)
+        value = value[0] if value else None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 24:
+        raise ValueError(f"{path}: {arch}.{key} = {value!r} is not a size in 1..{1 << 24}")
+    return value
 
 
 def hybrid_config(meta: dict, names: set[str], path: Path, arch: str,

@@ -1,39 +1,45 @@
-"""Weight-only quantized linear layers.
+"""Weight-only quantized linear layers on our own kernels (`specserve/kernels/qmatmul.c`,
+`NativeLinear`), layout v4 (`NativeWeights`).
 
-All formats keep weights in blocks of 32 inputs (the granularity of GGUF's Q4_K, Q6_K and
-Q8_0 sub-blocks) grouped into super-blocks of `sb` inputs (256, 128 or 64), and run on our own
-kernel (`specserve/kernels/qmatmul.c`, `NativeLinear`): activations are quantized on the fly to
-int8 per super-block, each block's dot product is integer, and the float steps come once per
-super-block, so the rows of a verify pass cost arithmetic, not memory traffic.
+Weights sit in blocks of 32 inputs; activations are quantized on the fly to int8 per
+activation block (`ACT_BLOCK`: 64 inputs for the integer-scaled kinds, 32 for the float-scaled
+ones), each block's dot product is integer, and the float steps come once per step (the finer
+of the weights' step block and the activation block), so the rows of a verify pass cost
+arithmetic, not memory traffic. The kinds (16 outputs side by side in a tile, but R8):
 
-- `int4`: asymmetric 4-bit, q in 0..15. What a GGUF file stores with more bits keeps more:
-  Q5_x and Q6_K (in llama.cpp's Q4_K_M files the output head and half the value and down
-  projections) at 6 bits, asymmetric like 4 (q in 0..63), Q8_0 and float tensors at 8 bits.
-  Layout v3 ("outputs in lanes", `NativeWeights`): 16 outputs side by side, each block with
-  an 8-bit scale multiplier sc (0..255) and an 8-bit offset multiplier m (−127..127) of its
-  super-block's float steps: w = dsup·sc·q + dmin·m (4.75 bits per 4-bit weight, 6.75 per
-  6-bit one). The kernel sums I_s = Σ_b sc_b·Σ q·qa and M_s = Σ_b m_b·Σ qa exactly per
-  super-block and adds both with one fma each (the arithmetic the tests' reference repeats
-  to the bit).
-- `int8`: symmetric 8-bit per block, w = dsup·sc·q, q in −127..127, sc an int16 multiplier;
-  one output per row (layout v2).
+- K4, K6: 4- or 6-bit codes, each block an 8-bit scale multiplier sc and an 8-bit offset
+  multiplier m of its super-block's float steps: w = dsup·sc·q + dmin·m (GGUF's Q4_K and
+  Q5_K as they are; what int4 quantizes from float weights, `quantize_native`);
+- S6: 6-bit codes, a signed 8-bit scale per 16 inputs: w = d·sc·(q − 32) (GGUF's Q6_K);
+- B4, B6, B8: 4-, 6- or 8-bit codes, a float16 scale (and offset) per block: w = d·(q − zero)
+  (+ m) (GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0);
+- R8: 8-bit rows, w = dsup·sc·q, q in −127..127 (what int8 quantizes from float weights).
+
+A GGUF file's quantized tensors are carried as their own blocks (`file_blocks.py`); `int4`
+quantizes float weights (a Hugging Face directory, a float file) to K4, and `int8` to R8. A
+projection may hold several parts of their own kinds (`Part`). The kernel sums integers
+exactly per step and adds each step with one fma (the arithmetic the tests' reference repeats
+to the bit).
 
 The native kernels compute in float32, so the quantized model keeps its residual stream in
 float32. Where they cannot be built or run (no C compiler, no AVX2), PyTorch's packed
 kernels take over with bfloat16 activations: `aten._weight_int4pack_mm_for_cpu` (int4,
-same blocks, w = (q − 8)·scale + zero) and `aten._weight_int8pack_mm` (int8 per output
-channel); their cost grows about linearly with the rows.
+w = (q − 8)·scale + zero per block of 32, quantized from the float weights) and
+`aten._weight_int8pack_mm` (int8 per output channel); their cost grows about linearly with
+the rows.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from specserve import kernels
-from specserve.kernels.decoder import Proj, data_ptr
+from specserve.kernels.decoder import (KIND_B4, KIND_B6, KIND_B8, KIND_BF16, KIND_F32, KIND_K4,
+                                        KIND_K6, KIND_R8, KIND_S6, Proj, data_ptr)
 
 # The `weights=` choices: "auto" follows the source (a quantized GGUF file stays quantized,
 # int4-style; float sources load dense), "bf16"/"float32" load dense, "int8"/"int4" quantize;
@@ -68,46 +74,68 @@ def super_block(in_features: int) -> int | None:
 # The version of `NativeWeights`' layout: bump it whenever its fields, or how the kernels read
 # them, change. The weight cache (`weight_cache.py`) keys its files by it, so weights repacked
 # in an older layout are rebuilt, never read.
-NATIVE_LAYOUT_VERSION = "3"  # 2: the 6-bit width (qh); 3: 4 and 6 bits with outputs in lanes
-LANES = 16  # 4 and 6 bits: outputs side by side in one tile
-SC_MAX_LANES = 255  # 4 and 6 bits: the largest block scale multiplier (uint8)
-MIN_MAX = 127  # 4 and 6 bits: the largest |offset multiplier| (int8)
+NATIVE_LAYOUT_VERSION = "4"  # 2: the 6-bit width (qh); 3: 4 and 6 bits with outputs in lanes;
+# 4: the file's own blocks (S6 for Q6_K, B4/B6/B8 for Q4_0 ... Q8_0), code offsets (zero)
+LANES = 16  # lanes kinds: outputs side by side in one tile
+SC_MAX_LANES = 255  # K4, K6: the largest block scale multiplier (uint8)
+MIN_MAX = 127  # K4, K6: the largest |offset multiplier| (int8)
+# The kinds of quantized weights (`kernels/decoder.py`, `qmatmul.c`): K4, K6 (integer block
+# scales and offsets: Q4_K, Q5_K, int4), S6 (signed integer scales per 16 inputs: Q6_K), B4,
+# B6, B8 (a float16 scale, and offset, per block: Q4_0/Q4_1, Q5_0/Q5_1, Q8_0), R8 (rows: int8)
+LANES_KINDS = (KIND_K4, KIND_K6, KIND_S6, KIND_B4, KIND_B6, KIND_B8)
+FLOAT_BLOCK_KINDS = (KIND_B4, KIND_B6, KIND_B8)
+CODE_BITS = {KIND_K4: 4, KIND_B4: 4, KIND_K6: 6, KIND_S6: 6, KIND_B6: 6, KIND_B8: 8,
+             KIND_R8: 8}
 
 
 @dataclass(frozen=True, slots=True)
 class NativeWeights:
     """Weights in the native kernel's layout (see `specserve/kernels/qmatmul.c`).
 
-    n = out_features, k = in_features, nb = k/32 blocks, ns = k/sb super-blocks. 4 and 6
-    bits (v3): T = ceil(n/16) tiles of 16 outputs, output o = tile o // 16, lane l = o % 16;
-    the lanes past n are zero (every field). Weight o, i (block b, super-block s):
-    w = dsup[s]·sc[b]·q + dmin[s]·mins[b]. 8 bits (v2, one output per row): w = dsup[s]·sc[b]·q.
+    n = out_features, k = in_features, nb = k/32 blocks, nw = k/sb steps. Lanes kinds: T =
+    ceil(n/16) tiles of 16 outputs, output o = tile o // 16, lane l = o % 16; the lanes past
+    n are zero (every field). Weight o, i (block b, half h = i % 32 // 16, step s = i // sb):
+    K4, K6: w = dsup[s]·sc[b]·q + dmin[s]·mins[b]; S6: w = dsup[s]·sc[b, h]·(q − zero);
+    B4, B6, B8 (sb = 32): w = d[b]·(q − zero) (+ m[b]), d = dsup, m = dmin (float16).
+    R8 (one output per row): w = dsup[s]·sc[b]·q.
     """
 
-    bits: int  # 4 | 6 | 8
-    out_features: int  # n (4 and 6 bits: the tiles hold ceil(n/16)·16 outputs)
-    sb: int  # super-block size
-    # 4, 6: [T, nb, 4, 64] uint8: chunk c, byte 4l + j: low nibble the low 4 bits of
-    # q[16t + l, 32b + 4c + j], high nibble those of q[16t + l, 32b + 16 + 4c + j];
-    # 8: [n, k] int8
+    kind: int  # one of LANES_KINDS or KIND_R8 (4, 6, 8: the v3 kinds K4, K6, R8)
+    out_features: int  # n (lanes kinds: the tiles hold ceil(n/16)·16 outputs)
+    sb: int  # the weights' step block: dsup, dmin per sb inputs (32 for the B kinds)
+    # lanes kinds, 4 and 6 bits: [T, nb, 4, 64] uint8: chunk c, byte 4l + j: low nibble the
+    # low 4 bits of q[16t + l, 32b + 4c + j], high nibble those of q[16t + l, 32b + 16 + 4c + j];
+    # B8: [T, nb, 8, 64] uint8: chunk c, byte 4l + j: q[16t + l, 32b + 4c + j]; R8: [n, k] int8
     qs: torch.Tensor
-    sc: torch.Tensor  # 4, 6: [T, nb, 16] uint8 (0..255); 8: [n, nb] int16
-    dsup: torch.Tensor  # 4, 6: [T, ns, 16] float32; 8: [n, ns] float32: the scale step
-    mins: torch.Tensor | None = None  # 4, 6: [T, nb, 16] int8 (−127..127) offset multiplier
-    dmin: torch.Tensor | None = None  # 4, 6: [T, ns, 16] float32 offset step
-    # 6: [T, nb, 2, 64] uint8: chunk h, byte 4l + j, bits 2g, 2g + 1: q[16t + l,
+    # K: [T, nb, 16] uint8 (0..255); S6: [T, nb, 2, 16] int8 (half h); B: None; R8: [n, nb] int16
+    sc: torch.Tensor | None
+    # K, S6: [T, nw, 16] float32; B: [T, nb, 16] float16 (d); R8: [n, nw] float32: the scale step
+    dsup: torch.Tensor
+    mins: torch.Tensor | None = None  # K: [T, nb, 16] int8 (−127..127) offset multiplier
+    dmin: torch.Tensor | None = None  # K: [T, nw, 16] float32 offset step; B: [T, nb, 16] f16 (m)
+    # 6-bit codes: [T, nb, 2, 64] uint8: chunk h, byte 4l + j, bits 2g, 2g + 1: q[16t + l,
     # 32b + 4(4h + g) + j] >> 4 (the top 2 bits of q)
     qh: torch.Tensor | None = None
+    zero: int = 0  # the codes' offset (S6: 32; B: 8, 16, 128 or 0)
+
+    @property
+    def bits(self) -> int:
+        """The codes' width: 4, 6 or 8."""
+        return CODE_BITS[self.kind]
 
     @property
     def in_features(self) -> int:
-        return self.sc.shape[1] * INT4_GROUP
+        return self.qs.shape[1] * (INT4_GROUP if self.kind in LANES_KINDS else 1)
 
     def codes(self) -> torch.Tensor:
-        """The integer weights q [n, k] int16 (4 and 6 bits: 0..15 or 0..63; 8: −127..127)."""
-        if self.bits == 8:
+        """The integer codes q [n, k] int16 (4, 6, 8 bits: 0..15, 0..63, 0..255; R8: −127..127)."""
+        if self.kind == KIND_R8:
             return self.qs.to(torch.int16)
         tiles, nb = self.qs.shape[:2]
+        if self.bits == 8:
+            qs = self.qs.to(torch.int16).reshape(tiles, nb, 8, LANES, 4)  # [T, nb, c, l, j]
+            q = qs.permute(0, 1, 3, 2, 4).reshape(tiles, nb, LANES, INT4_GROUP)  # [T, nb, l, 32]
+            return _untile(q.reshape(tiles, nb, LANES * INT4_GROUP), self.out_features)
         qs = self.qs.to(torch.int16).reshape(tiles, nb, 4, LANES, 4)  # [T, nb, c, l, j]
         halves = [(qs & 0x0F), (qs >> 4)]  # inputs 4c + j and 16 + 4c + j of the block
         q = torch.cat([h.permute(0, 1, 3, 2, 4).reshape(tiles, nb, LANES, 16) for h in halves],
@@ -120,16 +148,41 @@ class NativeWeights:
         return _untile(q.reshape(tiles, nb, LANES * INT4_GROUP), self.out_features)
 
     def dequantize(self) -> torch.Tensor:
-        """Float reference of the quantized weights [n, k] (for tests)."""
+        """The weights [n, k] float32, each rounded once from its exact value where that is
+        what the `gguf` package computes too: K: fl(fl(dsup·sc)·q + fl(dmin·m)); S6:
+        fl(fl(dsup·sc)·(q − zero)); B: fl(d·(q − zero)) (+ m: fl(fl(d·q) + m))."""
         n, per = self.out_features, self.sb // INT4_GROUP
-        if self.bits == 8:
-            eff = self.dsup.repeat_interleave(per, dim=1) * self.sc.float()  # [n, nb]
-            offset = torch.zeros_like(eff)
-        else:
-            eff = _untile(self.dsup, n).repeat_interleave(per, dim=1) * _untile(self.sc, n).float()
-            offset = _untile(self.dmin, n).repeat_interleave(per, dim=1) * _untile(self.mins, n).float()
         q = self.codes().float().reshape(n, -1, INT4_GROUP)  # [n, nb, 32]
+        if self.kind == KIND_R8:
+            eff = self.dsup.repeat_interleave(per, dim=1) * self.sc.float()  # [n, nb]
+            return (q * eff[..., None]).reshape(n, -1)
+        if self.kind in FLOAT_BLOCK_KINDS:
+            d = _untile(self.dsup, n).float()[..., None]  # [n, nb, 1]
+            w = (q - self.zero) * d
+            return (w if self.dmin is None else w + _untile(self.dmin, n).float()[..., None]
+                    ).reshape(n, -1)
+        dsup = _untile(self.dsup, n).repeat_interleave(per, dim=1)  # [n, nb]
+        if self.kind == KIND_S6:
+            sc = _untile(self.sc.reshape(self.sc.shape[0], -1, LANES), n).float()  # [n, 2 nb]
+            eff = dsup.repeat_interleave(2, dim=1) * sc  # [n, 2 nb]: per half block
+            return ((q.reshape(n, -1, 16) - self.zero) * eff[..., None]).reshape(n, -1)
+        eff = dsup * _untile(self.sc, n).float()
+        offset = _untile(self.dmin, n).repeat_interleave(per, dim=1) * _untile(self.mins, n).float()
         return (q * eff[..., None] + offset[..., None]).reshape(n, -1)
+
+    def rows(self, first: int, count: int) -> "NativeWeights":
+        """Outputs first .. first + count (lanes kinds: whole tiles, `first` a multiple of 16),
+        views of these weights."""
+        if self.kind == KIND_R8:
+            pick = lambda a: a[first:first + count] if a is not None else None  # noqa: E731
+        else:
+            if first % LANES:
+                raise ValueError(f"a lanes kind's rows start at a tile, got {first}")
+            t0, t1 = first // LANES, -(-(first + count) // LANES)
+            pick = lambda a: a[t0:t1] if a is not None else None  # noqa: E731
+        return dataclasses.replace(self, out_features=count, qs=pick(self.qs), sc=pick(self.sc),
+                                   dsup=pick(self.dsup), mins=pick(self.mins),
+                                   dmin=pick(self.dmin), qh=pick(self.qh))
 
 
 def _tile(t: torch.Tensor) -> torch.Tensor:
@@ -186,6 +239,15 @@ def _pack_lanes(q: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor 
         packed = packed | (top[:, :, :, :, g] << (2 * g))  # [T, nb, l, h, j]
     qh = packed.permute(0, 1, 3, 2, 4).reshape(tiles, nb, 2, 64)
     return qs.contiguous(), qh.contiguous()
+
+
+def _pack_bytes(q: torch.Tensor) -> torch.Tensor:
+    """8-bit codes q [n, k] (uint8) → qs [T, nb, 8, 64]: chunk c, byte 4l + j = q[16t + l,
+    32b + 4c + j]."""
+    n, k = q.shape
+    nb = k // INT4_GROUP
+    tiled = _tile(q.to(torch.uint8)).reshape(-1, nb, 8, 4, LANES)  # [T, nb, c, j, l]
+    return tiled.permute(0, 1, 2, 4, 3).reshape(-1, nb, 8, 64).contiguous()
 
 
 def _safe(d: torch.Tensor) -> torch.Tensor:
@@ -250,47 +312,118 @@ def _quantize_rows_8(g: torch.Tensor, sb: int, sc_max: int) -> NativeWeights:
                          sc.to(torch.int16).contiguous(), dsup.contiguous())
 
 
+# Activations are quantized to int8 per ACT_BLOCK inputs (per their largest block of 256, 128,
+# 64 or 32 not above it that divides a projection's width; int8 rows: per their super-block).
+# Chosen by fidelity and speed measured on the default pair (docs/fidelity.md).
+ACT_BLOCK = 64
+ACT_BLOCKS = (256, 128, 64, 32)
+
+
+def act_block(in_features: int, preferred: int = ACT_BLOCK) -> int:
+    """The activation block of a projection `in_features` wide (a multiple of 32)."""
+    return next(b for b in ACT_BLOCKS if b <= preferred and in_features % b == 0)
+
+
+def kind_act_block(kind: int, in_features: int, preferred: int | None = None) -> int:
+    """The activation block a part of `kind` runs with: `preferred`, else ACT_BLOCK, but 32 for
+    the float-scaled blocks (B kinds: a float step per block of 32 anyway, and llama.cpp's
+    Q8_0 activations for them) and the step block for the 8-bit rows."""
+    if preferred is None:
+        preferred = 32 if kind in FLOAT_BLOCK_KINDS else ACT_BLOCK
+    return act_block(in_features, preferred)
+
+
+# A part of a projection: quantized weights, or dense float32 / bfloat16 weights [n, k]
+Part = NativeWeights | torch.Tensor
+
+
+def part_width(part: Part) -> tuple[int, int]:
+    """(outputs, inputs) of a part."""
+    if isinstance(part, torch.Tensor):
+        return part.shape[0], part.shape[1]
+    return part.out_features, part.in_features
+
+
 class NativeLinear:
-    """4-, 6- or 8-bit weights on the native kernel (see module doc); computes in float32 and
-    returns the input's dtype."""
+    """A projection on the native kernels: one or more parts (`Part`), each its own kind (a
+    fused q/k/v whose value rows the file stores otherwise than its query and key rows), side
+    by side in the output; computes in float32 and returns the input's dtype."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int,
-                 isa: str | None = None) -> None:
-        self._lib = kernels.qmatmul(isa)  # `isa` None: the widest this CPU runs (kernels.isa())
-        if self._lib is None:
+                 isa: str | None = None, act_block: int | None = None) -> None:
+        """`weight` [out, in] float quantized to `bits` (4, 6: K4, K6; 8: R8; `quantize_native`)."""
+        lib = kernels.qmatmul(isa)  # `isa` None: the widest this CPU runs (kernels.isa())
+        if lib is None:
             raise RuntimeError("the native quantized kernels are not available on this machine")
         if bits not in (4, 6, 8):
             raise ValueError(f"bits must be 4, 6 or 8, got {bits}")
-        self.out_features, self.in_features = weight.shape
-        self.w = quantize_native(weight, bits, self._lib.q_sc_max(bits))
-        self.bias = bias.float() if bias is not None else None
-        self._wargs = self._weight_args()
+        self._setup(lib, isa, (quantize_native(weight, bits, lib.q_sc_max(bits)),), bias,
+                    act_block)
 
     @classmethod
     def from_weights(cls, w: NativeWeights, bias: torch.Tensor | None,
-                     isa: str | None = None) -> "NativeLinear":
-        """A layer over weights already in the kernel's layout (the weight cache's path: no
-        quantization). `w` and `bias` must be what a layer built by `__init__` holds."""
-        layer = cls.__new__(cls)
-        layer._lib = kernels.qmatmul(isa)
-        if layer._lib is None:
+                     isa: str | None = None, act_block: int | None = None) -> "NativeLinear":
+        """A layer over weights already in the kernel's layout (no quantization)."""
+        return cls.from_parts((w,), bias, isa, act_block)
+
+    @classmethod
+    def from_parts(cls, parts: tuple[Part, ...], bias: torch.Tensor | None,
+                   isa: str | None = None, act_block: int | None = None) -> "NativeLinear":
+        """A layer over `parts` (their outputs side by side, in order) and `bias` [Σ outputs];
+        `act_block` None: each part's kind's (`kind_act_block`)."""
+        lib = kernels.qmatmul(isa)
+        if lib is None:
             raise RuntimeError("the native quantized kernels are not available on this machine")
-        layer.out_features, layer.in_features = w.out_features, w.in_features
-        layer.w = w
-        layer.bias = bias.float() if bias is not None else None
-        layer._wargs = layer._weight_args()
+        layer = cls.__new__(cls)
+        layer._setup(lib, isa, tuple(parts), bias, act_block)
         return layer
 
-    def _weight_args(self) -> tuple:
-        """The kernel's weight arguments, once: the tensors never move (`self.w` keeps them)."""
-        w = self.w
-        return (w.bits, self.in_features, w.sb, w.qs.data_ptr(), data_ptr(w.qh), w.sc.data_ptr(),
-                w.dsup.data_ptr(), data_ptr(w.mins), data_ptr(w.dmin), self.out_features)
+    def _setup(self, lib, isa: str | None, parts: tuple[Part, ...], bias: torch.Tensor | None,
+               act_block: int | None) -> None:
+        widths = {part_width(p)[1] for p in parts}
+        if not parts or len(widths) != 1:
+            raise ValueError(f"a projection's parts must share their input width, got {widths}")
+        self._lib, self._isa, self.parts, self.act_block = lib, isa, parts, act_block
+        self.in_features = widths.pop()
+        self.out_features = sum(part_width(p)[0] for p in parts)
+        self.bias = bias.float().contiguous() if bias is not None else None
+        self._chain = self._build_chain(0)
+
+    @property
+    def w(self) -> NativeWeights:
+        """The weights of a projection of one quantized part."""
+        if len(self.parts) != 1 or not isinstance(self.parts[0], NativeWeights):
+            raise ValueError("this projection is not one quantized part (see .parts)")
+        return self.parts[0]
+
+    def with_act_block(self, act_block: int) -> "NativeLinear":
+        """The same weights with activations quantized per `act_block` inputs (benchmarks)."""
+        return NativeLinear.from_parts(self.parts, self.bias, self._isa, act_block)
+
+    def _build_chain(self, path: int) -> list[Proj]:
+        """The parts as `proj_t`s, chained in order (the first carries the bias): built once,
+        the tensors never move (`self.parts` keeps them)."""
+        chain = [self._proj(p, path) for p in self.parts]
+        for a, b in zip(chain, chain[1:]):
+            a.next = ctypes.addressof(b)
+        chain[0].bias = data_ptr(self.bias)
+        return chain
+
+    def _proj(self, p: Part, path: int) -> Proj:
+        k = self.in_features
+        if isinstance(p, torch.Tensor):
+            kind = KIND_BF16 if p.dtype == torch.bfloat16 else KIND_F32
+            return Proj(kind, k, p.shape[0], 0, p.data_ptr(), path=path)
+        ab = p.sb if p.kind == KIND_R8 else kind_act_block(p.kind, k, self.act_block)
+        return Proj(p.kind, k, p.out_features, p.sb, p.qs.data_ptr(), data_ptr(p.qh),
+                    data_ptr(p.sc), p.dsup.data_ptr(), data_ptr(p.mins), data_ptr(p.dmin),
+                    None, ab, p.zero, path)
 
     def native_proj(self) -> Proj:
         """This projection as the fused decoder pass runs it (`kernels/decoder.py`)."""
-        bits, k, sb, qs, qh, sc, dsup, mins, dmin, n = self._wargs
-        return Proj(bits, k, n, sb, qs, qh, sc, dsup, mins, dmin, data_ptr(self.bias))
+        head = self._chain[0]
+        head.keep = self._chain  # the parts after it live as long as it does
+        return head
 
     def __call__(self, x: torch.Tensor, path: int = 0) -> torch.Tensor:
         """`path` (tests, benchmarks): 0 lets the kernel choose, 1 forces its decode loop
@@ -313,12 +446,10 @@ class NativeLinear:
                                 or not out.is_contiguous()):
             raise ValueError(f"out must be a contiguous float32 {shape} for a plain input")
         y = torch.empty(shape, dtype=torch.float32) if out is None else out
-        bits, k, sb, *ptrs, n = self._wargs
-        rc = self._lib.q_matmul(bits, flat.data_ptr(), rows, k, sb, *ptrs, n, y.data_ptr(), path)
+        chain = self._chain if path == 0 else self._build_chain(path)
+        rc = self._lib.proj_run(ctypes.byref(chain[0]), flat.data_ptr(), rows, y.data_ptr())
         if rc != 0:
-            raise RuntimeError(f"q_matmul failed ({'out of memory' if rc == -1 else 'bad arguments'})")
-        if self.bias is not None:
-            y += self.bias
+            raise RuntimeError(f"proj_run failed ({'out of memory' if rc == -1 else 'bad arguments'})")
         return y if plain else y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
 

@@ -60,7 +60,7 @@ from specserve.paths import make_dirs, untrusted, untrusted_folder
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the file's own blocks (layout v4), projections of several parts
 MAGIC = b"SSWCACHE"
 _PREAMBLE = struct.Struct("<8sIIQQ32s")  # magic, version, 0, index offset, index length, sha256
 DATA_START = 4096

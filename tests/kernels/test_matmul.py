@@ -186,7 +186,8 @@ def test_the_instruction_set_can_be_forced_and_a_bad_choice_is_refused(monkeypat
 
 def test_bad_arguments_are_refused_by_the_kernels():
     lib = kernels.qmatmul()
-    assert lib.q_matmul(4, None, 1, 64, 64, None, None, None, None, None, None, 1, None, 3) == -2
+    assert lib.q_matmul(4, None, 1, 64, 64, 64, 0, None, None, None, None, None, None, 1, None,
+                        1, 3) == -2
     assert lib.f_matmul(None, -1, 8, None, 0, None, 1, None) == -2
     assert lib.f_matmul(None, 1, 8, None, 2, None, 1, None) == -2
 

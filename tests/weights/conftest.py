@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specserve import kernels
-from specserve.weights import quant
+from specserve.weights import loader, quant
 
 
 @pytest.fixture
@@ -18,13 +18,16 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def repacks(monkeypatch):
-    """Counts quantizations: a load from the cache makes none."""
+    """Counts the projection tensors repacked from a file (its own blocks, or quantized anew)
+    and the float weights quantized: a load from the cache makes none."""
     calls = []
-    original = quant.quantize_native
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
+    def counting(original):
+        def count(*args, **kwargs):
+            calls.append(1)
+            return original(*args, **kwargs)
+        return count
 
-    monkeypatch.setattr(quant, "quantize_native", counting)
+    monkeypatch.setattr(quant, "quantize_native", counting(quant.quantize_native))
+    monkeypatch.setattr(loader, "_part", counting(loader._part))
     return calls

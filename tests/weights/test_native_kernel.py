@@ -28,7 +28,7 @@ def test_kernel_builds_here_and_its_scale_limits_are_the_layouts():
     for isa in kernels.available_isas():
         lib = kernels.qmatmul(isa)
         assert [lib.q_sc_max(b) for b in (4, 6, 8)] == [SC_MAX[4], SC_MAX[6], SC_MAX[8]]
-    assert quant.NATIVE_LAYOUT_VERSION == "3"
+    assert quant.NATIVE_LAYOUT_VERSION == "4"
 
 
 # ---- the reference's own arithmetic ----
@@ -241,15 +241,16 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="bits"):
         NativeLinear(torch.randn(4, 64), None, 3)
     lib = kernels.qmatmul()
-    assert lib.q_matmul(5, None, 1, 64, 64, None, None, None, None, None, None, 1, None, 0) == -2
+    assert lib.q_matmul(5, None, 1, 64, 64, 64, 0, None, None, None, None, None, None, 1, None,
+                        1, 0) == -2
     w = quantize_native(torch.randn(4, 64), 6, SC_MAX[6])  # 6 bits without qh, mins or dmin
     x, y = torch.randn(1, 64), torch.empty(1, 4)
     ptrs = {f: getattr(w, f).data_ptr() for f in ("qs", "qh", "sc", "dsup", "mins", "dmin")}
 
     def call(**missing):
         p = {**ptrs, **missing}
-        return lib.q_matmul(6, x.data_ptr(), 1, 64, 64, p["qs"], p["qh"], p["sc"], p["dsup"],
-                            p["mins"], p["dmin"], 4, y.data_ptr(), 0)
+        return lib.q_matmul(6, x.data_ptr(), 1, 64, 64, 64, 0, p["qs"], p["qh"], p["sc"],
+                            p["dsup"], p["mins"], p["dmin"], 4, y.data_ptr(), 4, 0)
 
     assert call(qh=None) == -2 and call(mins=None) == -2 and call(dmin=None) == -2
     assert call() == 0

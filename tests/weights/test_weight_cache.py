@@ -115,6 +115,25 @@ def test_a_new_kernel_layout_version_rebuilds(tmp_path, cache, monkeypatch, repa
     assert load_model(path, weights="int4").cache_hit and len(entries(cache)) == 1
 
 
+def test_repacks_of_the_re_quantizing_code_are_rebuilt(tmp_path, cache, monkeypatch, repacks):
+    """Entries written before the file's own blocks (cache version 1, layout 3) are never read:
+    the first load after the change repacks, and says how it carried the tensors."""
+    from specserve.weights import loader, weight_cache
+
+    assert (weight_cache.CACHE_VERSION, loader.NATIVE_LAYOUT_VERSION) == (2, "4")
+    path = write_gguf(tmp_path)
+    with monkeypatch.context() as old:
+        old.setattr(weight_cache, "CACHE_VERSION", 1)
+        old.setattr(loader, "NATIVE_LAYOUT_VERSION", "3")
+        load_model(path, weights="int4")
+    repacks.clear()
+    rebuilt = load_model(path, weights="int4")
+    assert not rebuilt.cache_hit and repacks
+    assert rebuilt.carried.startswith("the file's own blocks: Q4_K as 4-bit")
+    again = load_model(path, weights="int4")
+    assert again.cache_hit and again.carried == rebuilt.carried
+
+
 def test_the_source_is_hashed_once_per_version_of_the_file(tmp_path, cache, monkeypatch):
     path = write_gguf(tmp_path)
     said = []

@@ -1,0 +1,74 @@
+"""Decode and prefill speed of two checkouts, measured alternately in one run.
+
+Each round runs `prefill_ttft.py` (time to first token of the ~900-token code_edit prompt, and
+a 64-token greedy decode, target only, default weights) once per checkout, in a fresh process
+whose `PYTHONPATH` is that checkout, the order alternating round by round; the first call of
+each process warms up and is dropped. The host drifts by more than a kernel change is worth
+between minutes, so only sides measured side by side are compared. Writes one JSON line per
+process and prints medians: prefill tokens/s (prompt tokens / TTFT) and decode tokens/s.
+
+    flock -x /tmp/specserve-cpu.lock python benchmarks/scripts/checkout_ab.py \\
+        --a /tmp/base --b . --rounds 6 --out results.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from specserve import LLM
+from specserve.bench import workloads
+
+SCRIPT = Path(__file__).with_name("prefill_ttft.py")
+DECODE_TOKENS = 64
+
+
+def prompt_tokens() -> int:
+    """The code_edit prompt's length under the default target's chat template (as timed)."""
+    llm = LLM("qwen2.5-coder-1.5b", speculative_config=None)
+    text = workloads.load("code_edit")
+    return len(llm.tokenizer.encode_chat([{"role": "user", "content": f"[a0-1] {text}"}]))
+
+
+def run(tree: Path, calls: int, tag: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    out = subprocess.run([sys.executable, str(SCRIPT), str(calls), tag], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--a", type=Path, required=True, help="the first checkout (the baseline)")
+    p.add_argument("--b", type=Path, required=True, help="the second checkout")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--calls", type=int, default=4, help="calls per process (the first dropped)")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    tokens = prompt_tokens()
+    samples = {"a": {"ttft": [], "decode": []}, "b": {"ttft": [], "decode": []}}
+    with open(args.out, "w") as f:
+        for r in range(args.rounds):
+            for side in (("a", "b") if r % 2 == 0 else ("b", "a")):
+                tree = args.a if side == "a" else args.b
+                got = run(tree, args.calls, f"{side}{r}")
+                f.write(json.dumps({"side": side, "tree": str(tree), "round": r,
+                                    "prompt_tokens": tokens, **got}) + "\n")
+                f.flush()
+                for key in ("ttft", "decode"):
+                    samples[side][key] += got[key][1:]
+    for side in ("a", "b"):
+        ttft = statistics.median(samples[side]["ttft"])
+        decode = statistics.median(samples[side]["decode"])
+        print(f"{side}: prefill {tokens / ttft:.1f} tok/s (TTFT {ttft:.3f} s), decode "
+              f"{DECODE_TOKENS / decode:.2f} tok/s ({decode:.3f} s per {DECODE_TOKENS})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
