@@ -3,7 +3,8 @@
 Each round runs `prefill_ttft.py` (time to first token of the ~900-token code_edit prompt, and
 a 64-token greedy decode, target only, default weights) once per checkout, in a fresh process
 whose `PYTHONPATH` is that checkout, the order alternating round by round; the first call of
-each process warms up and is dropped. The host drifts by more than a kernel change is worth
+each process warms up and is dropped. Each record keeps the process's log lines about its
+prefill path (`prefill_path` auto chooses one by timing at start-up). The host drifts by more than a kernel change is worth
 between minutes, so only sides measured side by side are compared. Writes one JSON line per
 process and prints medians: prefill tokens/s (prompt tokens / TTFT) and decode tokens/s.
 
@@ -62,9 +63,11 @@ def run(tree: Path, calls: int, tag: str, cache: Path | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
     if cache is not None:
         env["SPECSERVE_CACHE"] = str(cache)
-    out = subprocess.run([sys.executable, str(SCRIPT), str(calls), tag], env=env, check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, str(SCRIPT), str(calls), tag], env=env, check=True,
+                          capture_output=True, text=True)
+    # what the process said of its prefill path (auto: chosen by timing at start-up)
+    said = [line for line in done.stderr.splitlines() if "prefill" in line.lower()]
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "prefill_log": said}
 
 
 def main() -> int:
