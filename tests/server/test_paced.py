@@ -88,20 +88,34 @@ def test_sixteen_streams_never_read_are_held_and_a_fresh_client_is_served_while_
     time (a loaded machine slows everything alike, and the write timeout is long enough
     here that no held stream is dropped first however slow the machine; the issue's 30 s is
     measured in BENCHMARKS.md, `benchmarks/scripts/lockout_check.py`). The fresh request
-    comes from the flood's own address; with no slot freed but by a hold, its answer finds
-    streams held (how many depends on the order the server took the 17 requests in)."""
+    comes from the flood's own address once the engine has all 16 streams: last in its
+    client's queue, it gets a slot only when 13 of them are held."""
     flood = []
     try:
         flood += [unread(paced) for _ in range(16)]
         flood += [head_only(paced) for _ in range(16)]
-        fresh = post(paced, {"prompt": "fresh", "max_tokens": 4}, timeout=600)
+        deadline = time.monotonic() + 120
+        while unfinished(paced) < 16:  # a loaded server may still be preparing some
+            assert time.monotonic() < deadline, figures(paced)
+            time.sleep(0.05)
+        fresh = post_until_admitted(paced, {"prompt": "fresh", "max_tokens": 4})
         left, held = unfinished(paced), figures(paced)["specserve:num_sequences_held"]
     finally:
         for sock in flood:
             sock.close()
     assert fresh.status_code == 200, fresh.text
-    assert left == 16 and held >= 1, (left, held)
+    assert left == 16 and held >= 16 - SLOTS, (left, held)
     assert wait_idle(paced, 300)["specserve:kv_cache_blocks_used"] == 0
+
+
+def post_until_admitted(srv, body: dict) -> httpx.Response:
+    """`body` posted again after each 429's Retry-After (a loaded server may still be
+    preparing the flood's requests), as a client does."""
+    deadline = time.monotonic() + 600
+    while (r := post(srv, body, timeout=600)).status_code == 429:
+        assert time.monotonic() < deadline, r.text
+        time.sleep(float(r.headers["retry-after"]))
+    return r
 
 
 def held_now(srv) -> int:
@@ -109,25 +123,27 @@ def held_now(srv) -> int:
 
 
 def test_a_slow_reader_gets_every_token_at_its_own_pace(paced):
-    """A client that stops reading is held (the held gauge says so), released once it reads
-    again, held again when it stops again, and gets the same answer as a client that reads
-    at once. Event-based: each pause lasts until the gauge shows the hold, each read until it
-    shows the release, so a loaded machine, slowing the server or the reader, changes only
-    how long each takes."""
+    """A client that stops reading is held (the held gauge says so, for a whole second: not a
+    passing hold of a loaded event loop), released once it reads again (its answer goes on),
+    held again when it stops again, and gets the same answer as a client that reads at once.
+    Event-based: each pause lasts until the gauge shows the steady hold, so a loaded machine,
+    slowing the server or the reader, changes only how long each takes."""
     body = {**LONG, "logprobs": 5}
     expected = "".join(c["choices"][0]["text"] for c in events(post(paced, body).text))
     wait_idle(paced)
     sock = unread(paced, body)
     data, pauses = b"", []
     try:
-        sock.settimeout(30)
+        sock.settimeout(120)
         for _ in range(2):
-            deadline = time.monotonic() + 300
-            while held_now(paced) != 1:  # reading nothing: held once the buffers are full
-                assert time.monotonic() < deadline and b"data: [DONE]" not in data
+            deadline, since = time.monotonic() + 120, None
+            while since is None or time.monotonic() - since < 1.0:  # reading nothing: held
+                assert time.monotonic() < deadline, "never held"
+                since = (since or time.monotonic()) if held_now(paced) == 1 else None
                 time.sleep(0.05)
             pauses.append(len(data))
-            while held_now(paced) == 1:  # reading: released
+            while len(data) < pauses[-1] + (64 << 10) and b"data: [DONE]" not in data:
+                # more than the server lets wait unread
                 chunk = sock.recv(4096)
                 assert chunk, "the server closed the connection"
                 data += chunk
@@ -140,7 +156,7 @@ def test_a_slow_reader_gets_every_token_at_its_own_pace(paced):
     head, _, stream = data.partition(b"\r\n\r\n")
     text = "".join(c["choices"][0]["text"] for c in events(dechunk(stream).decode()))
     assert head.startswith(b"HTTP/1.1 200") and text == expected and len(expected) > 100
-    assert len(pauses) == 2 and pauses[0] < pauses[1] < len(data), (pauses, len(data))
+    assert pauses[1] < len(data) - (64 << 10), (pauses, len(data))  # held before its end
 
 
 def events(sse: str) -> list[dict]:
