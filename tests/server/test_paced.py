@@ -87,7 +87,7 @@ def test_sixteen_streams_never_read_are_held_and_a_fresh_client_is_served_while_
     end). Event-based: what is asserted is that order, by the server's own gauges, not a
     time (a loaded machine slows everything alike, and the write timeout is long enough
     here that no held stream is dropped first however slow the machine; the issue's 30 s is
-    measured in BENCHMARKS.md, `benchmarks/scripts/lockout_check.py`). The fresh request
+    measured in BENCHMARKS.md, `specserve/bench/lockout.py`). The fresh request
     comes from the flood's own address once the engine has all 16 streams: last in its
     client's queue, it gets a slot only when 13 of them are held."""
     flood = []

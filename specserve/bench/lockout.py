@@ -6,7 +6,7 @@ the server left to go idle; `--repeats` times. One JSON line per repeat: the fre
 wait and status, the server's running / waiting / held counts when it was answered, and how
 long the server took to go idle after the flood closed.
 
-    python benchmarks/scripts/lockout_check.py --url http://127.0.0.1:8000 --api-key KEY \\
+    python -m specserve.bench.lockout --url http://127.0.0.1:8000 --api-key KEY \\
         --repeats 3 --out lockout.jsonl
 
 Client side only (any server, the code before the pacing too). Localhost only.
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if not args.url.startswith(("http://127.0.0.1", "http://localhost")):
-        raise SystemExit("lockout_check: localhost only")
+        raise SystemExit("lockout: localhost only")
     headers = {"Authorization": f"Bearer {args.api_key}"}
     with httpx.Client(base_url=args.url, headers=headers, timeout=60) as http, \
             open(args.out, "a") as out:
@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                    "fresh_address": args.fresh_address}
             print(json.dumps(row), flush=True)
             out.write(json.dumps(row) + "\n")
+            out.flush()
     return 0
 
 
