@@ -19,7 +19,9 @@ Throughout, a prober asks /health every half second, and a fresh client (a new c
 a short chat request, from `--fresh-address` if given: another user) comes every
 `--fresh-every` seconds: their worst latency and waits are figures of the run, in calm runs
 too.
-At the end it waits for the server to go idle and prints one JSON object: requests served,
+At the end it waits `--grace` seconds at most for the clients' last requests (on a slow or
+loaded machine they may outlast the run: those still open are left uncounted, their number
+given as `clients_unended`), then for the server to go idle, and prints one JSON object: requests served,
 4xx, 429 and 5xx answers, lost requests (a connection error or a stream without `[DONE]`,
 other than the deliberate disconnects), hostile connections the server still held past its
 timeouts (`held`), the outcome of each kind of client (`outcomes`: e.g. `stalled:dropped`),
@@ -151,7 +153,8 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
         pid: int | None, seed: int = 0, warmup: float = 0.0, calm: bool = False,
         stall_s: float = 40.0, stall_tokens: int = 400, burst: int = 64, flood: int = 0,
         flood_tokens: int = 1500, fresh_every: float = 10.0, agents: int = 2,
-        storm_repeats: int = 2000, fresh_address: str | None = None) -> dict:
+        storm_repeats: int = 2000, fresh_address: str | None = None,
+        grace: float = 300.0) -> dict:
     """The soak; the starting memory is read `warmup` seconds into the run (buffers the first
     requests allocate for good are not growth). `calm`: the well-behaved clients (and the
     probes) only."""
@@ -273,11 +276,13 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
         jobs += [flooding] if flood else []
         jobs += [agent(w) for w in range(agents)]
         jobs += [lambda: until_stopped(storm)] if storm_repeats else []
-    threads = [threading.Thread(target=job) for job in jobs]
+    threads = [threading.Thread(target=job, daemon=True) for job in jobs]
     for t in threads:
         t.start()
+    give_up = stop_at + grace  # a client's last request may outlast the run: wait this long
     for t in threads:
-        t.join()
+        t.join(max(0.0, give_up - time.monotonic()))
+    unended = sum(t.is_alive() for t in threads)  # their requests are left open, uncounted
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
         idle_by = time.monotonic() + 60
         while time.monotonic() < idle_by and (gauge(http, "vllm:num_requests_running")
@@ -285,9 +290,13 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
             time.sleep(0.2)
         kv_blocks = gauge(http, "specserve:kv_cache_blocks_used")
         kv_end = gauge(http, KV_TOUCHED)
-    figures = summary(tally.outcomes, clients, duration, rss["start"], rss_kib(pid), kv_blocks,
+    with tally.lock:
+        outcomes = Counter(tally.outcomes)
+        latencies, health, fresh = (sorted(tally.latencies), sorted(tally.health),
+                                    sorted(tally.fresh))
+    figures = summary(outcomes, clients, duration, rss["start"], rss_kib(pid), kv_blocks,
                       rss["kv_start"], kv_end)
-    latencies, health, fresh = sorted(tally.latencies), sorted(tally.health), sorted(tally.fresh)
+    figures["clients_unended"] = unended
     figures.update(latency_p50_s=_pct(latencies, 50), latency_p99_s=_pct(latencies, 99),
                    health_p99_s=_pct(health, 99),
                    health_worst_s=round(health[-1], 3) if health else None,
@@ -354,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
                    "times in each choice of the tool-call-shaped output (0: none)")
     p.add_argument("--fresh-address", default=None, help="local address of the fresh clients "
                    "(e.g. 127.0.0.2: another user than the others, all from 127.0.0.1)")
+    p.add_argument("--grace", type=float, default=300.0, help="seconds after --duration to "
+                   "wait for the clients' last requests; those still open then are left "
+                   "uncounted (`clients_unended`), and the server is not idle after")
     args = p.parse_args(argv)
     if not args.url.startswith(("http://127.0.0.1", "http://localhost")):
         raise SystemExit("soak: localhost only")
@@ -361,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                          args.pid, args.seed, args.warmup, args.calm, args.stall_s,
                          args.stall_tokens, args.burst, args.flood, args.flood_tokens,
                          args.fresh_every, args.agents, args.storm_repeats,
-                         args.fresh_address)))
+                         args.fresh_address, args.grace)))
     return 0
 
 

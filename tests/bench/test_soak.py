@@ -40,6 +40,7 @@ def test_a_short_soak_with_hostile_clients_serves_everyone_and_stays_flat(bounde
     outcomes = figures["outcomes"]
     assert figures["served"] > 0 and figures["answers_5xx"] == 0 and figures["lost"] == 0, figures
     assert figures["held"] == 0 and figures["answers_429"] > 0, outcomes
+    assert figures["clients_unended"] == 0, figures
     assert figures["kv_blocks_in_use_after"] == 0
     for kind, expected in (("malformed", {"4xx"}), ("oversized", {"4xx"}), ("deep", {"4xx"}),
                            ("trickled", {"timed_out"}), ("half_open", {"closed"}),
