@@ -115,6 +115,8 @@ def cmd_frontier(args, prompt_files: dict) -> int:
             added += 1
     records = frontier_records.read_records(args.out)
     log(f"# this piece added {added} calls; the run holds {len(records)}")
+    if not records:  # e.g. a piece whose start-up outlasted --minutes
+        return 0
     rows = summarize_frontier(records)
     out = frontier_report.write_frontier(args.out, meta["machine"], meta["options"], records,
                                          rows, plots)

@@ -94,15 +94,16 @@ def table(rows: list[dict]) -> str:
 def control_table(rows: list[dict]) -> str:
     """The lossless rows: their true difference from target only is zero, so their interval
     shows what difference this run can resolve, and must contain 0."""
-    lines = ["| T | control | items × calls | Δ vs target [95% CI] | 0 inside | p (test) | "
-             "speedup [95% CI] |", "|---|---|---|---|---|---|---|"]
+    lines = ["| T | control | items × calls | same text as target | Δ vs target [95% CI] | "
+             "0 inside | p (test) | speedup [95% CI] |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if not r["control"] or r["delta"] is None:
             continue
         inside = "—" if r["delta_lo"] is None else \
             ("yes" if r["delta_lo"] <= 0 <= r["delta_hi"] else "**no**")
         lines.append(f"| {r['temperature']:g} | {_name(r)} | {r['items']} × "
-                     f"{r['min_calls_per_cell']} | "
+                     f"{r['min_calls_per_cell']} | {r.get('same_text', '—')} / "
+                     f"{r['paired_items']} | "
                      f"{_interval(r['delta'], r['delta_lo'], r['delta_hi'], '+.1%')} | {inside} "
                      f"| {_p(r)} | "
                      f"{_interval(r['speedup'], r['speedup_lo'], r['speedup_hi'], '.2f', 'x')} |")
@@ -280,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         records += recs
         machine = machine or mach
         options.append(opts)
+    if not records:
+        raise SystemExit(f"no frontier records in {', '.join(map(str, args.run_dirs))}")
     rows = summarize_frontier(records)
     out = args.out or args.run_dirs[0]
     pooled = options[0] if len(options) == 1 else {"runs": options}

@@ -101,6 +101,15 @@ def test_resume_refuses_another_protocol(pair, tmp_path, capsys):
     assert "--minutes must be > 0" in capsys.readouterr().err
 
 
+def test_a_piece_whose_start_outlasts_its_minutes_records_nothing_and_succeeds(pair, tmp_path):
+    out = tmp_path / "run"
+    assert bench(pair, tmp_path, out, "--minutes", "1e-9") == 0
+    assert frontier_records.read_records(out) == []
+    assert len(json.loads((out / frontier_records.META).read_text())["pieces"]) == 1
+    assert bench(pair, tmp_path, out, "--resume") == 0  # the next piece does the work
+    assert len(frontier_records.read_records(out)) == 12
+
+
 def test_the_records_reader_drops_only_a_torn_last_line(tmp_path):
     good = [rec(TARGET_ONLY, TARGET_ONLY, f"m{i}", 0, 1.0, 10, True) for i in range(3)]
     with gzip.open(tmp_path / frontier_records.PACKED, "wt") as f:
