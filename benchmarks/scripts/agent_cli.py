@@ -52,8 +52,9 @@ ARGS = {"add": "a, b", "mean": "xs", "clamp": "x, lo, hi", "last": "xs"}
 MODULES = ["calc", "stats", "numbers", "helpers"]
 PROMPT = ("The tests in test_{m}.py fail. Read {m}.py, fix the bug in it, then run the tests "
           "with `python -m pytest -q test_{m}.py` and tell me the result.")
-TEXT_EVENTS = ("response.output_text.delta", "response.function_call_arguments.delta",
-               "content_block_delta")
+TEXT_EVENTS = ("response.output_item.added", "response.output_text.delta",
+               "response.function_call_arguments.delta", "content_block_start",
+               "content_block_delta")  # the first of these: the first output
 
 
 def make_repo(root: Path, index: int) -> tuple[Path, str]:
@@ -78,11 +79,12 @@ def summarize(path: str, body: bytes, chunks: list[tuple[float, bytes]], total: 
     """One request's record from its streamed answer (Responses or Messages events)."""
     text = b"".join(c for _, c in chunks).decode("utf-8", "replace")
     ttft, tail = None, ""
-    for t, chunk in chunks:  # the first chunk that completes a generated-text event's type
-        tail = (tail + chunk.decode("utf-8", "replace")).replace(" ", "")[-200:]
-        if any(f'"type":"{e}"' in tail for e in TEXT_EVENTS):
+    for t, chunk in chunks:  # the first chunk that completes an output event's type
+        seen = (tail + chunk.decode("utf-8", "replace")).replace(" ", "")
+        if any(f'"type":"{e}"' in seen for e in TEXT_EVENTS):
             ttft = t
             break
+        tail = seen[-100:]  # a type split between two chunks
     record = {"path": path, "seconds": round(total, 2), "ttft": ttft and round(ttft, 2),
               "request_bytes": len(body)}
     for line in text.splitlines():
