@@ -178,8 +178,8 @@ def command(agent: str, binary: str, repo: Path, base: str, home: Path, model: s
             f'name = "local"\nbase_url = "{base}/v1"\nwire_api = "responses"\n'
             f'env_key = "LOCAL_KEY"\n')
         env.update(CODEX_HOME=str(home), LOCAL_KEY=key)
-        return [binary, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-                "-C", str(repo)], env
+        return [binary, "exec", "--skip-git-repo-check",
+                "--dangerously-bypass-approvals-and-sandbox", "-C", str(repo)], env
     env.update(ANTHROPIC_BASE_URL=base, ANTHROPIC_API_KEY=key, ANTHROPIC_MODEL=model,
                ANTHROPIC_DEFAULT_HAIKU_MODEL=model, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
                IS_SANDBOX="1", HOME=str(home))
