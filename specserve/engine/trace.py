@@ -54,15 +54,7 @@ class StepTrace:
                   "running": len(engine.scheduler.running),
                   "waiting": len(engine.scheduler.waiting), **self._round}
         if engine.spec is not None and plan.decode:
-            name = engine.spec.source_name
-            record["source"] = [_source(s, name) if k else None
-                                for s, k in zip(plan.decode, plan.ks)]
-            record["reason"] = [None if k else s.spec.reason for s, k in zip(plan.decode, plan.ks)]
-            cost = engine.spec.cost
-            steps = max((k for s, k in zip(plan.decode, plan.ks)
-                         if s.spec.source == "draft_model"), default=0)
-            record["predicted_s"] = round(cost.draft_time(steps) + cost.pass_time(
-                len(plan.decode) + sum(plan.ks)), 6)
+            record.update(engine.spec.describe(plan))
         self._round = {}
         self._write(json.dumps(record) + "\n")
 
@@ -84,13 +76,6 @@ class StepTrace:
                 log.warning("step trace %s: %d line(s) not written (%s)", self._path,
                             self._lost, e)
                 self._logged_at, self._lost = now, 0
-
-
-def _source(seq, lookup_name: str) -> str:
-    st = seq.spec
-    if st.source == "lookup":
-        return f"grammar+{lookup_name}" if st.forced else lookup_name
-    return st.source
 
 
 def _open(path: str, mode: int):

@@ -13,7 +13,7 @@ from specserve.speculative.controller import (BACKOFF_AFTER, LOOKUP, MAX_BACKOFF
                                              PROBE_DOWN_EVERY, PROBE_EVERY, SEEN_LATELY,
                                              SLOWDOWN_CAP, SpeculationController)
 from specserve.speculative.cost_model import CostModel
-from specserve.speculative.drafter import Proposal
+from specserve.speculative.drafter import Drafter, Proposal
 from specserve.speculative.metrics import SpecMetrics
 from tests.speculative.unpruned import Unpruned
 
@@ -34,8 +34,10 @@ class Seq:
         return self.left
 
 
-class Lookup:
+class Lookup(Drafter):
     """A lookup source with a scripted candidate per sequence id."""
+
+    name = "suffix"
 
     def __init__(self, candidates: dict[int, Candidate]) -> None:
         self.candidates = candidates
@@ -48,8 +50,10 @@ class Lookup:
         pass
 
 
-class Model:
+class Model(Drafter):
     """A draft model that is always ready and drafts token 7."""
+
+    name, in_step = "draft_model", True
 
     def __init__(self) -> None:
         self.asked: list[list[int]] = []
@@ -66,7 +70,7 @@ class Model:
     def start(self, seq) -> None:
         pass
 
-    def finish(self, seq) -> None:
+    def finish(self, seq, keep: bool = True) -> None:
         pass
 
     def commit(self, seq, num_accepted: int, old_len: int) -> None:
@@ -116,7 +120,7 @@ def controller(verify, candidates, model=None, **config) -> SpeculationControlle
     spec = SpeculativeConfig(method="hybrid" if model else "suffix",
                              model="draft" if model else None,
                              num_speculative_tokens=config.pop("k", -1), **config)
-    return SpeculationController(spec, cost(verify), Lookup(candidates), model)
+    return SpeculationController(spec, cost(verify), [Lookup(candidates)] + ([model] if model else []))
 
 
 def plan(ctrl: SpeculationController, seqs: list[Seq], overrides=None) -> list[int]:
@@ -403,7 +407,7 @@ def test_probes_correct_a_calibration_that_priced_every_draft_out(batch):
 
     def engine(calibration):
         spec = SpeculativeConfig(method="suffix", num_speculative_tokens=-1)
-        ctrl = SpeculationController(spec, cost(calibration), Lookup(match))
+        ctrl = SpeculationController(spec, cost(calibration), [Lookup(match)])
         for seq in seqs:
             ctrl.join([seq])
         return ctrl
@@ -510,7 +514,7 @@ def test_downward_probes_stop_drafts_a_calibration_made_look_cheap():
 
     def engine(calibration, down_every=PROBE_DOWN_EVERY):
         spec = SpeculativeConfig(method="suffix", num_speculative_tokens=-1)
-        ctrl = SpeculationController(spec, cost(calibration), Lookup(match))
+        ctrl = SpeculationController(spec, cost(calibration), [Lookup(match)])
         ctrl.probe_down_every = down_every
         for seq in seqs:
             ctrl.join([seq])
@@ -596,7 +600,7 @@ def test_in_a_batch_the_downward_probe_times_the_plain_pass_that_prices_every_dr
 
     def engine() -> SpeculationController:
         spec = SpeculativeConfig(method="suffix", num_speculative_tokens=-1)
-        ctrl = SpeculationController(spec, cost(dear), Lookup(match))
+        ctrl = SpeculationController(spec, cost(dear), [Lookup(match)])
         for seq in seqs:
             ctrl.join([seq])
         return ctrl
