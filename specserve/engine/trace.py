@@ -36,26 +36,22 @@ class StepTrace:
             raise ValueError(f"trace_steps: cannot open {path!r} for writing ({e.strerror or e}"
                              f"{'; it is a symbolic link' if os.path.islink(path) else ''})") \
                 from None
-        self._round: dict = {}
         self._lost = 0  # lines not written since the last log line about them
         self._logged_at: float | None = None
 
-    def round(self, proposals, results, draft_s: float, verify_s: float) -> None:
-        """What the step's round drafted and kept (before it is committed)."""
-        self._round = {"k": [p.k for p in proposals],
-                       "accepted": [r.num_accepted for r in results],
-                       "gained": [len(r.tokens) for r in results],
-                       "draft_s": round(draft_s, 6), "verify_s": round(verify_s, 6)}
-
-    def step(self, engine, plan, start: float) -> None:
+    def step(self, engine, plan, out, start: float) -> None:
+        """A line for the step that ran `plan`'s round `out` (a `rounds.RoundOutput`)."""
         record = {"t": round(start, 6), "step_s": round(time.perf_counter() - start, 6),
                   "B": len(plan.decode), "prefill_tokens": sum(c.num_tokens for c in plan.chunks),
                   "prefill_path": engine.runner.prefill.label(),
                   "running": len(engine.scheduler.running),
-                  "waiting": len(engine.scheduler.waiting), **self._round}
+                  "waiting": len(engine.scheduler.waiting),
+                  "k": [p.k for p in out.proposals],
+                  "accepted": [r.num_accepted for r in out.results],
+                  "gained": [len(r.tokens) for r in out.results],
+                  "draft_s": round(out.draft_s, 6), "verify_s": round(out.verify_s, 6)}
         if engine.spec is not None and plan.decode:
             record.update(engine.spec.describe(plan))
-        self._round = {}
         self._write(json.dumps(record) + "\n")
 
     def _write(self, line: str) -> None:

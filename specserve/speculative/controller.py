@@ -25,37 +25,21 @@ docs/design.md ("The speculation controller"); the rule for one source is in `co
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from specserve.sampling.grammar import GrammarError
+from specserve.speculative.budget import LOOKUP, MODEL, Offer, StepBudget, best_prefix
 from specserve.speculative.candidate import NO_CANDIDATE, Candidate
 from specserve.speculative.cost_aware import DEFAULT_MARGIN, CostAwarePolicy
 from specserve.speculative.drafter import EMPTY, Proposal
-from specserve.speculative.grammar_drafts import legal_part
-from specserve.speculative.match_stats import MatchStats, RequestFit
+from specserve.speculative.free_drafts import FreeDrafts
+from specserve.speculative.match_stats import RequestFit
 from specserve.speculative.policies import FixedPolicy, make_policy
 
-LOOKUP, MODEL = "lookup", "draft_model"  # the two kinds of source
 MODEL_AFTER_MISSES = 8  # rounds in a row without a lookup offer before a draft model starts
 BACKOFF_AFTER = 4  # idle rounds of a poorly copying sequence before its lookups thin out
 MAX_BACKOFF = 3  # ... to one look per this many rounds + 1
-SLOWDOWN_CAP = 0.25  # a step's drafts leave no sequence's expected rate below 1/1.25 of plain
-PROBE_EVERY = 64  # steps whose budget left a lookup slot out, per probe of one more row
-PROBE_DOWN_EVERY = 16  # steps whose budget took a slot, per probe of one row fewer ...
-SEEN_LATELY = 4.0  # ... of a pass size the cost model has seen less than this lately
 IDLE_REASONS = ("off", "no_room", "no_match", "did_not_pay", "batch_limit", "draft_starting",
                 "backed_off", "probe")
-
-
-@dataclass(slots=True)
-class Offer:
-    """What one sequence could verify this step: `survival` [k] P(first i drafts accepted)."""
-
-    source: str | None = None
-    survival: list[float] = field(default_factory=list)
-    forced: bool = False  # taken whole (a fixed k, a probe), outside the budget
-    reason: str = "no_match"  # why nothing is offered
 
 
 @dataclass(slots=True)
@@ -85,19 +69,11 @@ class SpeculationController:
         one) and an in-step one (a draft model), each optional; `calibration`:
         `calibration.Calibration` of the cost model (None: not timed)."""
         self.config, self.cost, self.drafters = config, cost, list(drafters)
-        free = [d for d in self.drafters if not d.in_step]
-        self.forcer = next((d for d in free if d.forced), None)
-        self.lookup = next((d for d in free if not d.forced), None)
+        self.free = FreeDrafts(self.drafters)
+        self.lookup, self.stats = self.free.lookup, self.free.stats
         self.model = next((d for d in self.drafters if d.in_step), None)
         self.max_model_len, self.calibration = max_model_len, calibration
-        self.stats = MatchStats()
-        self.probe_every = PROBE_EVERY  # (see docs/design.md, probes)
-        self.probe_down_every = PROBE_DOWN_EVERY
-        self._left_out = 0  # steps since the last probe whose budget left a lookup slot out
-        self._took = 0  # steps since the last downward probe whose budget took a slot
-        self.probes = 0  # probes taken
-        self.probes_down = 0  # ... and downward probes
-        self._plain_probe = False  # this step's plan is a plain probe
+        self.budget = StepBudget()  # the step's rows, and the probes
         self._draft_prefilled = False  # the draft model prefilled in this step's propose
 
     @property
@@ -198,13 +174,12 @@ class SpeculationController:
                 offer = self._offer(seq, st)
             st.reason = offer.reason
             offers.append(offer)
-        self._plain_probe = False
-        ks = self._within_budget(offers, len(seqs), max_rows)
+        ks = self.budget.choose(offers, len(seqs), self.cost, max_rows)
         for seq, offer, k in zip(seqs, offers, ks):
             st = seq.spec
             st.source = offer.source if k else None
             if not k and offer.source is not None:
-                st.reason = "probe" if self._plain_probe else "did_not_pay"
+                st.reason = "probe" if self.budget.plain_probe else "did_not_pay"
             self._back_off(seq, st, k, len(seqs))
         return {seq.seq_id: k for seq, k in zip(seqs, ks)}
 
@@ -244,14 +219,14 @@ class SpeculationController:
             return self._model_offer(seq, st, room) if self.model is not None else lookup
         if self.model is not None:
             plain = (1.0 + DEFAULT_MARGIN) / max(self.cost.step_time(0), 1e-12)
-            lookup_rate = self._best_prefix(lookup.survival, LOOKUP)[1]
+            lookup_rate = best_prefix(lookup.survival, LOOKUP, self.cost)[1]
             st.lookup_misses = st.lookup_misses + 1 if lookup_rate <= plain else 0
             patient = self.lookup is not None and st.fixed_k is None
             if lookup_rate <= plain and (not patient or st.lookup_misses >= MODEL_AFTER_MISSES
                                          or self.model.started(seq)):
                 # the free source would not pay (and has not for a while): the draft model
                 model = self._model_offer(seq, st, room)
-                model_rate = self._best_prefix(model.survival, MODEL)[1]
+                model_rate = best_prefix(model.survival, MODEL, self.cost)[1]
                 if model.forced or (model.survival and model_rate > max(plain, lookup_rate)):
                     return model
                 if not lookup.survival:
@@ -259,32 +234,12 @@ class SpeculationController:
         return lookup
 
     def _lookup_offer(self, seq, st: SeqSpeculation, room: int) -> Offer:
-        """The free drafters' offer: what a grammar forces next, then the lookup's candidate
-        continuing after it (cut where the grammar would refuse it)."""
-        limit = room if st.fixed_k is None else min(room, st.fixed_k)
-        forcer, lookup = self.forcer, self.lookup
-        try:
-            st.forced = forcer.candidate(seq, limit).tokens if forcer is not None and (
-                seq.grammar is not None or not forcer.needs_mask) else []
-            cand = NO_CANDIDATE
-            if lookup is not None and limit > len(st.forced) and (
-                    seq.grammar is not None or not lookup.needs_mask):
-                cand = legal_part(seq, st.forced,
-                                  lookup.candidate(seq, limit - len(st.forced), st.forced))
-        except GrammarError:  # its grammar cannot go on: the round fails that sequence alone
-            st.forced, cand = [], NO_CANDIDATE
-        st.candidate = cand
-        n = len(st.forced) + len(cand.tokens)
+        """The free drafters' offer (`free_drafts.py`)."""
+        n = self.free.find(seq, st, room if st.fixed_k is None else min(room, st.fixed_k))
         if not n:
             return Offer(reason="no_match")
-        if st.fixed_k is not None:
-            return Offer(LOOKUP, [1.0] * n, reason="")
-        survival = forcer.survival(len(st.forced)) if st.forced else []
-        reach = survival[-1] if survival else 1.0
-        if cand.tokens:
-            survival += [reach * p for p in self.stats.survival(
-                cand.confidence, cand.match_len, cand.from_cache, st.fit)]
-        return Offer(LOOKUP, survival, reason="")
+        fixed = st.fixed_k is not None
+        return Offer(LOOKUP, [1.0] * n if fixed else self.free.survival(st), reason="")
 
     def _model_offer(self, seq, st: SeqSpeculation, room: int) -> Offer:
         model, policy = self.model, st.policy
@@ -307,98 +262,6 @@ class SpeculationController:
             reach *= alpha
             survival.append(reach)
         return Offer(MODEL, survival, reason="")
-
-    def _best_prefix(self, survival: list[float], source: str) -> tuple[int, float]:
-        """(j, rate): the prefix length of `survival` with the most expected tokens per
-        second at this step's batch size, and that rate (0 when there is nothing)."""
-        best, best_rate, expected = 0, 0.0, 1.0
-        for j, s in enumerate(survival, 1):
-            expected += s
-            seconds = self.cost.step_time(j) if source == MODEL else \
-                self.cost.pass_time(self.cost.batch_size * (j + 1))
-            rate = expected / max(seconds, 1e-12)
-            if rate > best_rate:
-                best, best_rate = j, rate
-        return best, best_rate
-
-    def _within_budget(self, offers: list[Offer], batch: int, max_rows: int | None = None
-                       ) -> list[int]:
-        """Per offer, how many of its slots the step verifies (see the module doc, step 2):
-        the prefix of the slots by survival with the most expected tokens per second, kept
-        only if what it adds (tokens over seconds) beats the rate without it by the margin;
-        and no more than `max_rows` slots of the budget's."""
-        forced = [len(o.survival) if o.forced else 0 for o in offers]  # taken whatever it costs
-        counts = list(forced)
-        gains = [1.0 + (sum(o.survival) if o.forced else 0.0) for o in offers]  # E per sequence
-        value = sum(gains)
-        slots = sorted((-s, pos, i) for i, o in enumerate(offers) if not o.forced
-                       for pos, s in enumerate(o.survival))
-        if max_rows is not None:
-            slots = slots[:max_rows]
-        base_value, base_time = value, self._step_seconds(offers, counts, batch)
-        chosen, best_rate = list(counts), base_value / base_time
-        # the most any sequence's expected tokens can reach: once a prefix of the slots is
-        # slower than the cap allows for it, every longer prefix is too where a pass over
-        # more rows never costs less (a calibrated cost model), so the search stops there
-        fair_bound = (1.0 + SLOWDOWN_CAP) * base_time * min(
-            (g + sum(o.survival) * (not o.forced) for g, o in zip(gains, offers)), default=1.0
-        ) if self.cost.seeded else math.inf
-        for neg_s, pos, i in slots:
-            assert counts[i] == pos, "slots of one sequence are taken in order"
-            counts[i] += 1
-            value -= neg_s
-            gains[i] -= neg_s
-            seconds = self._step_seconds(offers, counts, batch)
-            if seconds > fair_bound:
-                break
-            rate = value / seconds
-            added = (value - base_value) / max(seconds - base_time, 1e-12)
-            fair = seconds <= (1.0 + SLOWDOWN_CAP) * base_time * min(gains, default=1.0)
-            if (rate > best_rate and fair
-                    and added > (1.0 + DEFAULT_MARGIN) * base_value / base_time):
-                best_rate, chosen = rate, list(counts)
-        return self._probe(offers, forced, chosen, slots, batch)
-
-    def _probe(self, offers: list[Offer], forced: list[int], chosen: list[int], slots: list,
-               batch: int) -> list[int]:
-        """`chosen`, plus one more lookup slot once every `probe_every` steps that left one
-        out: the likeliest slot next in line for its sequence; or, once every
-        `probe_down_every` steps that took one, less: in a batch whose plain pass was not
-        timed lately, every slot not `forced` (the plain pass); else the least likely slot
-        taken, where a pass that much smaller was not timed lately (see the module doc,
-        step 3)."""
-        left_out = [(neg_s, i) for neg_s, pos, i in slots
-                    if pos == chosen[i] and offers[i].source == LOOKUP]
-        if left_out or any(o.reason == "backed_off" for o in offers):  # (left out unlooked)
-            self._left_out += 1
-            if left_out and self._left_out >= self.probe_every:
-                self._left_out = 0
-                self.probes += 1
-                chosen = list(chosen)
-                chosen[min(left_out)[1]] += 1
-                return chosen
-        taken = [(neg_s, i) for neg_s, pos, i in slots if pos == chosen[i] - 1]
-        if taken:
-            self._took += 1
-            if self._took >= self.probe_down_every:
-                if batch > 1 and self.cost.seen(batch + sum(forced)) < SEEN_LATELY:
-                    # the pass every choice is priced against: in a batch, rows cost what
-                    # their contexts make them cost, and drafting steps show larger passes
-                    self._took = 0
-                    self.probes_down += 1
-                    self._plain_probe = True
-                    return list(forced)
-                if self.cost.seen(batch + sum(chosen) - 1) < SEEN_LATELY:
-                    self._took = 0
-                    self.probes_down += 1
-                    chosen = list(chosen)
-                    chosen[max(taken)[1]] -= 1
-        return chosen
-
-    def _step_seconds(self, offers: list[Offer], counts: list[int], batch: int) -> float:
-        steps = max((c for o, c in zip(offers, counts) if o.source == MODEL), default=0)
-        seconds = self.cost.draft_time(steps) + self.cost.pass_time(batch + sum(counts))
-        return max(seconds, 1e-12)
 
     # ------------------------------------------------------------------ the round
     @property
@@ -479,10 +342,7 @@ class SpeculationController:
     def _source_name(self, st: SeqSpeculation) -> str | None:
         if st.source == MODEL:
             return self.model.name
-        if st.source != LOOKUP:
-            return st.source
-        names = [self.forcer.name] if st.forced else []
-        return "+".join(names + ([self.lookup.name] if self.lookup is not None else []))
+        return self.free.name(st) if st.source == LOOKUP else st.source
 
     def _commit(self, seq, proposal: Proposal, num_accepted: int, old_len: int) -> None:
         st = seq.spec
@@ -490,7 +350,7 @@ class SpeculationController:
         if self.model is not None:
             self.model.commit(seq, num_accepted, old_len)
         if k and st.source == LOOKUP:
-            self._learn_lookup(seq, st, k, num_accepted)
+            self.free.learn(seq, st, k, num_accepted)
         elif k and st.source == MODEL:
             seq.metrics.record_source(self.model.name, k, num_accepted, st.reason)
         else:
@@ -498,19 +358,3 @@ class SpeculationController:
         if st.policy is not None:
             st.policy.observe(k if st.source == MODEL else 0, num_accepted)
         st.model_idle = not (k and st.source == MODEL)
-
-    def _learn_lookup(self, seq, st: SeqSpeculation, k: int, num_accepted: int) -> None:
-        """A free-source round: its grammar-forced drafts first, then the lookup's; each
-        part is learned from (and counted) only where the verifier reached it."""
-        forced = min(len(st.forced), k)
-        if forced:
-            kept = min(num_accepted, forced)
-            self.forcer.learn(forced, kept)
-            seq.metrics.record_source(self.forcer.name, forced, kept, st.reason)
-        rest, reached = k - forced, num_accepted >= forced
-        if rest and reached:
-            cand = st.candidate
-            self.stats.observe(cand.confidence[:rest], cand.match_len, cand.from_cache,
-                               num_accepted - forced, st.fit)
-            seq.metrics.record_source(self.lookup.name, rest, num_accepted - forced, st.reason)
-
