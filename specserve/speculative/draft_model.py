@@ -22,7 +22,7 @@ from specserve.sampling.processors import (argmax_rows, greedy_scores, needs_his
                                            processed_probs)
 from specserve.sampling.rejection import sample_from
 from specserve.speculative.draft_head import restricted_head
-from specserve.speculative.drafter import EMPTY, DraftSequence, Drafter, Proposal
+from specserve.speculative.drafter import EMPTY, BuildContext, DraftSequence, Drafter, Proposal
 
 DEFAULT_MAX_CATCHUP = 4  # newest unseen tokens fed before drafting; older ones are skipped
 DEFAULT_MAX_PREFILL_TOKENS = 256  # draft prefill positions per call
@@ -122,6 +122,19 @@ class DraftModelDrafter(Drafter):
     @property
     def kv_touched_bytes(self) -> int:
         return self.blocks.high_water * self.runner.block_bytes
+
+    @classmethod
+    def build(cls, config, ctx: BuildContext) -> DraftModelDrafter | None:
+        """Where the config names a draft model: drafting through `ctx.draft_runner` with a
+        block manager of its own (its head restricted at start-up where the config asks)."""
+        if not config.uses_draft_model:
+            return None
+        restrict = (config.draft_vocab_size, list(ctx.head_keep)) \
+            if config.draft_vocab_size is not None and ctx.head_keep is not None else None
+        runner = ctx.draft_runner
+        return cls(runner, runner.block_manager(ctx.prefix_caching), ctx.target_vocab,
+                   max_prefill_tokens=ctx.max_prefill_tokens,
+                   prefill_window=config.prefill_window, restrict=restrict)
 
     def restrict_head(self, keep: int, extra: list[int]) -> None:
         """Score only the draft's `keep` most frequent ids and `extra` (`restricted_head`):

@@ -19,14 +19,15 @@ The verifier treats a proposal without a distribution as one-hot. After the targ
 pass the controller tells the drafters how many proposed tokens were accepted (`commit`), so
 they roll their own state (a draft model's KV cache length) back by arithmetic.
 
-Which drafters a method uses is one table, `sources.SOURCES`: a new drafter is a new file
-with a `Drafter` subclass and one entry there.
+Which drafters a method uses is one table, `sources.SOURCES` (method → drafter classes); each
+class builds itself from the config (`build`). A new drafter is a new file with a `Drafter`
+subclass and its class in the table.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -45,6 +46,19 @@ class Proposal:
 
 
 EMPTY = Proposal([], None)
+D = TypeVar("D", bound="Drafter")
+
+
+@dataclass(frozen=True, slots=True)
+class BuildContext:
+    """What a drafter may be built from besides the SpeculativeConfig."""
+
+    draft_runner: object = None  # the draft model's runner (None: no draft model)
+    target_vocab: int = 0
+    max_prefill_tokens: int = 256
+    prefix_caching: bool = True
+    runner: object = None  # the target's runner
+    head_keep: list[int] | None = None  # the draft tokens a restricted head keeps (specials)
 
 
 class DraftSequence(Protocol):
@@ -67,6 +81,11 @@ class Drafter:
     forced: bool = False  # its candidates are forced tokens (offered first)
     needs_mask: bool = False  # drafts only for a sequence with a grammar
     needs_hidden: bool = False  # reads the target's final hidden states (`observe`)
+
+    @classmethod
+    def build(cls: type[D], config, ctx: BuildContext) -> D | None:
+        """The drafter a SpeculativeConfig asks for (None: the config leaves it out)."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ every drafter
     def join(self, seqs: list[DraftSequence], tokenizer=None) -> None:

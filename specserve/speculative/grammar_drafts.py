@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specserve.speculative.candidate import NO_CANDIDATE, Candidate
-from specserve.speculative.drafter import Drafter
+from specserve.speculative.drafter import BuildContext, Drafter
 
 GRAMMAR = "grammar"  # the source's name in metrics
 PRIOR_SURVIVAL = 0.95  # per-token survival of a forced token before any has been verified
@@ -51,6 +51,10 @@ class GrammarDrafter(Drafter):
 
     def __init__(self) -> None:
         self.running = ForcedSurvival()
+
+    @classmethod
+    def build(cls, config, ctx: BuildContext) -> GrammarDrafter | None:
+        return cls() if config.grammar_drafts else None
 
     def candidate(self, seq, limit: int, extra: list[int] = ()) -> Candidate:
         tokens = seq.grammar.forced(limit)

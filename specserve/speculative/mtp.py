@@ -23,7 +23,7 @@ from specserve.sampling.processors import (argmax_rows, greedy_scores, needs_his
                                            processed_probs)
 from specserve.sampling.rejection import sample_from
 from specserve.speculative.draft_model import DraftBlocks
-from specserve.speculative.drafter import EMPTY, DraftSequence, Drafter, Proposal
+from specserve.speculative.drafter import EMPTY, BuildContext, DraftSequence, Drafter, Proposal
 
 
 class _MTPSeq:
@@ -48,6 +48,10 @@ class MTPDrafter(Drafter):
                              "checkpoint carries no mtp.* tensors)")
         self.model, self.head, self.pool, self.blocks = model, model.mtp, pool, blocks
         self._seqs: dict[int, _MTPSeq] = {}
+
+    @classmethod
+    def build(cls, config, ctx: BuildContext) -> MTPDrafter:
+        return cls.of(ctx.runner)
 
     @staticmethod
     def of(runner) -> "MTPDrafter":

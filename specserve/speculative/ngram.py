@@ -22,7 +22,7 @@ from collections.abc import Sequence as TokenSequence
 import numpy as np
 
 from specserve.speculative.candidate import NO_CANDIDATE, Candidate, TokenBuffer
-from specserve.speculative.drafter import DraftSequence, Drafter
+from specserve.speculative.drafter import BuildContext, DraftSequence, Drafter
 
 
 def find_ngram_draft(
@@ -94,6 +94,10 @@ class NgramDrafter(Drafter):
         self.prompt_lookup_max = prompt_lookup_max
         self.prompt_lookup_min = prompt_lookup_min
         self._buffers: dict[int, TokenBuffer] = {}
+
+    @classmethod
+    def build(cls, config, ctx: BuildContext) -> NgramDrafter:
+        return cls(config.prompt_lookup_max, config.prompt_lookup_min)
 
     def candidate(self, seq: DraftSequence, limit: int, extra: list[int] = ()) -> Candidate:
         """Up to `limit` tokens that followed the last earlier copy of the context's end (the

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from specserve.speculative.candidate import NO_CANDIDATE, Candidate, TokenBuffer
-from specserve.speculative.drafter import Drafter
+from specserve.speculative.drafter import BuildContext, Drafter
 
 DEFAULT_MAX_MATCH = 32  # longest context suffix matched (longer matches are not told apart)
 DEFAULT_MAX_DRAFT = 16  # longest draft proposed
@@ -226,6 +226,12 @@ class SuffixDrafter(Drafter):
         self.min_confidence, self.min_match = min_confidence, min_match
         self._buffers: dict[int, TokenBuffer] = {}
         self._views: dict[int, SuffixCache] = {}  # seq id → its prompt's views
+
+    @classmethod
+    def build(cls, config, ctx: BuildContext) -> SuffixDrafter:
+        """With the shared cache of earlier outputs where `suffix_cache_tokens` keeps any."""
+        cache = SuffixCache(config.suffix_cache_tokens) if config.suffix_cache_tokens else None
+        return cls(cache, max_draft=config.max_k)
 
     def join(self, seqs: list, tokenizer=None) -> None:
         """A request's sequences may copy its prompt escaped as a JSON string
