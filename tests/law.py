@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+import torch
 from scipy.stats import chisquare
 
 
@@ -37,3 +38,23 @@ def chi_square_p(counts: Counter, law: dict, min_expected: float = 5,
     expected = [law[s] * samples for s in big] + ([sum(law[s] for s in rest) * samples]
                                                   if rest else [])
     return chisquare(observed, expected).pvalue
+
+
+def top_k_law(logits: torch.Tensor, top_k: int, temperature: float) -> dict[int, float]:
+    """The processed distribution of one row of logits: divided by the temperature, the top
+    `top_k` kept and renormalised (in float64)."""
+    top = torch.topk(logits.double(), top_k)
+    probs = torch.softmax(top.values / temperature, dim=-1)
+    return dict(zip(top.indices.tolist(), probs.tolist()))
+
+
+def next_token_law(model, ids: list[int], top_k: int, temperature: float) -> dict[int, float]:
+    """The processed distribution of the token after `ids`, by a fresh forward pass of `model`
+    over the whole of `ids` (a new pool: no caching, no rollback)."""
+    from specserve.models.transformer import ForwardBatch
+
+    pool = model.new_pool(1, 16)
+    with torch.inference_mode():
+        (logits,) = model.forward(ForwardBatch.paged([ids], [0], [[0]], ["law"]), pool,
+                                  last_n=[1])
+    return top_k_law(logits[-1], top_k, temperature)

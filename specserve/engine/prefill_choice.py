@@ -11,8 +11,11 @@ start-up on the machine itself, never by CPU name.
   A projection takes one path for every prompt row: the one faster over the chunk sizes
   timed together (not per row count: a prompt's keys must not depend on how it was cut into
   chunks). Attention takes oneDNN from a position on, where it was faster at every context
-  timed from there up. Where oneDNN is slower at everything, nothing changes and no dense
-  weights are made. The choice is made once per loaded model: every later engine over the
+  timed from there up. oneDNN must be faster by `MARGIN` (timings of close paths flip with
+  noise). Where oneDNN is slower at everything, nothing changes and no dense weights are
+  made; likewise where other work on the machine disturbed the timed runs (a busy machine's
+  timings are noise: measured here at load 12 on 2 cores, they took oneDNN for projections it
+  loses by 1.5x when quiet); `prefill_path="onednn"` forces it. The choice is made once per loaded model: every later engine over the
   same model in this process takes it as it stands (timings are noisy where two paths are
   close, and engines over one model, e.g. target-only and speculative, must prefill a prompt
   through the same path).
@@ -41,6 +44,7 @@ log = logging.getLogger("specserve.engine")
 PREFILL_PATHS = ("auto", "onednn", "native")
 ATTENTION_CONTEXTS = (1024, 8192, 16384)  # contexts the attention paths are timed at
 REPEATS = 3
+MARGIN = 0.9  # oneDNN's time must be under this share of the native one to take a part
 _CHOSEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model → its auto choice
 
 
@@ -56,22 +60,26 @@ class Timing:
     context: int = 0
 
 
-def decide(timings: list[Timing]) -> PrefillChoice:
+def decide(timings: list[Timing], disturbed: bool = False) -> PrefillChoice:
     """The choice the timings give (see the module doc): a projection on oneDNN where its
-    total over the row counts timed is lower there; attention from the first row of the
-    smallest context from which oneDNN was faster at every context timed."""
+    total over the row counts timed is lower there by `MARGIN`; attention from the first row
+    of the smallest context from which oneDNN was faster by `MARGIN` at every context timed;
+    nothing on oneDNN where the timings were `disturbed`."""
+    if disturbed:
+        return PrefillChoice((), None, tuple(timings), disturbed=True)
     projections = tuple(p for p in PROJECTIONS if _faster([t for t in timings if t.part == p]))
     attention = sorted((t for t in timings if t.part == "attention"), key=lambda t: t.context)
     start = None
     for i in range(len(attention)):
-        if all(t.onednn_s < t.native_s for t in attention[i:]):
+        if all(t.onednn_s < MARGIN * t.native_s for t in attention[i:]):
             start = 0 if i == 0 else attention[i].context - attention[i].rows
             break
     return PrefillChoice(projections, start, tuple(timings))
 
 
 def _faster(timings: list[Timing]) -> bool:
-    return bool(timings) and sum(t.onednn_s for t in timings) < sum(t.native_s for t in timings)
+    return bool(timings) and \
+        sum(t.onednn_s for t in timings) < MARGIN * sum(t.native_s for t in timings)
 
 
 def choose(model, option: str, chunk_rows: int, max_len: int, kv_dtype: torch.dtype,
@@ -96,9 +104,9 @@ def choose(model, option: str, chunk_rows: int, max_len: int, kv_dtype: torch.dt
     if chosen is None:
         timings, disturbed = measure(model, chunk_rows, max_len, kv_dtype, patience_s)
         if disturbed:
-            log.warning("other work on this machine disturbed the prefill paths' timed runs; "
-                        "the choice stands on them as they are")
-        chosen = _CHOSEN[model] = decide(timings)
+            log.warning("other work on this machine disturbed the prefill paths' timed runs: "
+                        "prefill stays native (prefill_path='onednn' forces oneDNN)")
+        chosen = _CHOSEN[model] = decide(timings, disturbed)
     return chosen
 
 
@@ -174,7 +182,8 @@ def attention_runs(cfg, rows: int, context: int, kv_dtype: torch.dtype, g: torch
 
 def describe(choice: PrefillChoice, dense_bytes: int) -> str:
     """The start-up line's account of the choice and what it was made from."""
-    lines = [f"prefill path: {choice.label()}"]
+    lines = [f"prefill path: {choice.label()}"
+             + (" (the timings were disturbed)" if choice.disturbed else "")]
     if choice.projections:
         lines.append(f"dense bf16 copies {dense_bytes / 2**30:.2f} GiB")
     if choice.timings:

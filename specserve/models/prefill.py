@@ -43,11 +43,13 @@ class PrefillChoice:
     """What of a prefill pass runs on oneDNN: `projections` (a subset of `PROJECTIONS`) for
     prompt rows, and attention for prompt rows at positions >= `attention_from` (None:
     never). `timings`: what the choice was made from (seconds per path, see
-    `engine/prefill_choice.py`), or empty where it was forced."""
+    `engine/prefill_choice.py`), or empty where it was forced; `disturbed`: other work on the
+    machine disturbed them (then nothing was moved to oneDNN)."""
 
     projections: tuple[str, ...] = ()
     attention_from: int | None = None
     timings: tuple = ()
+    disturbed: bool = False
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.projections if p not in PROJECTIONS]

@@ -10,15 +10,13 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-import torch
 
 from specserve.llm import LLM
-from specserve.models.transformer import ForwardBatch
 from specserve.sampling.params import SamplingParams
 from specserve.weights.loader import load_model
 from tests import hybrid_tiny, tiny
 from tests.engine.test_hybrid_speculation import perturbed
-from tests.law import chi_square_p, enumerate_law
+from tests.law import chi_square_p, enumerate_law, next_token_law
 
 PROMPT = [5, 17, 33, 8]
 N_TOKENS, K, SAMPLES, TOP_K, TEMPERATURE = 3, 2, 3000, 3, 0.7
@@ -34,20 +32,10 @@ def pair(tmp_path_factory):
             load_model(draft, "float32", weights="float32"))
 
 
-def next_token_law(model, ids: list[int]) -> dict[int, float]:
-    """The processed distribution of the token after `ids` (temperature, top 3)."""
-    pool = model.new_pool(1, 16)
-    with torch.inference_mode():
-        (logits,) = model.forward(ForwardBatch.paged([ids], [0], [[0]], ["law"]), pool,
-                                  last_n=[1])
-    top = torch.topk(logits[-1].double(), TOP_K)
-    probs = torch.softmax(top.values / TEMPERATURE, dim=-1)
-    return dict(zip(top.indices.tolist(), probs.tolist()))
-
-
 def exact_law(model) -> dict[tuple[int, ...], float]:
     """Every continuation of N_TOKENS tokens with its probability (1 + 3 + 9 passes)."""
-    return enumerate_law(lambda ids: next_token_law(model, ids), PROMPT, N_TOKENS)
+    return enumerate_law(lambda ids: next_token_law(model, ids, TOP_K, TEMPERATURE), PROMPT,
+                         N_TOKENS)
 
 
 def test_speculative_samples_follow_the_enumerated_law_of_the_target(pair):

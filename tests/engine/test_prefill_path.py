@@ -142,6 +142,15 @@ def test_auto_takes_onednn_for_each_projection_faster_there_over_the_rows_timed(
     assert choice.timings == tuple(timings)
     flipped = decide([Timing(t.part, t.rows, t.onednn_s, t.native_s) for t in timings])
     assert flipped.projections == ("o",)  # the faster side, not a fixed one
+    close = [timing("qkv", 1.0, 0.95), timing("attention", 1.0, 0.95, 1024, 256)]
+    assert not decide(close).active  # faster within the margin: nothing moves
+
+
+def test_auto_moves_nothing_on_timings_other_work_disturbed():
+    timings = [timing("qkv", 2.0, 1.0), timing("attention", 1.0, 0.5, 1024, 256)]
+    assert decide(timings).active
+    kept = decide(timings, disturbed=True)
+    assert not kept.active and kept.disturbed and kept.timings == tuple(timings)
 
 
 def test_auto_takes_onednn_attention_from_the_context_where_it_wins_from_there_up():
@@ -169,7 +178,7 @@ def test_auto_times_every_part_on_the_models_own_shapes_once_per_model(tmp_path)
     parts = {(t.part, t.rows) for t in choice.timings}
     assert parts == {(p, r) for p in PROJECTIONS for r in (16, 64)} | {("attention", 64)}
     assert all(t.native_s > 0 and t.onednn_s > 0 for t in choice.timings)
-    assert choice == decide(list(choice.timings))
+    assert choice == decide(list(choice.timings), choice.disturbed)
     assert prefill_choice.choose(model, "auto", 128, 4096, model.kv_cache_dtype(), 0.0) \
         is choice
     llms = [LLM(loaded, speculative_config=None, max_num_batched_tokens=n) for n in (32, 96)]

@@ -21,7 +21,7 @@ from specserve.sampling import rejection
 from specserve.sampling.params import SamplingParams
 from tests import tiny
 from tests.slots import new_cache as slot_cache
-from tests.law import chi_square_p, enumerate_law
+from tests.law import chi_square_p, enumerate_law, top_k_law
 
 PROMPT = [5, 17, 33, 8]
 N_TOKENS, K, SAMPLES, TOP_K, TEMPERATURE = 3, 2, 4000, 3, 0.7
@@ -37,9 +37,7 @@ def next_token_law(model, ids: list[int], prefill: PrefillPath | None = None
     batch = ForwardBatch.paged([ids], [0], [cache.table(0)], prefill=[len(PROMPT)])
     with torch.inference_mode():
         (logits,) = model.forward(batch, cache.pool, last_n=[1], prefill=prefill)
-    top = torch.topk(logits[-1].double(), TOP_K)
-    probs = torch.softmax(top.values / TEMPERATURE, dim=-1)
-    return dict(zip(top.indices.tolist(), probs.tolist()))
+    return top_k_law(logits[-1], TOP_K, TEMPERATURE)
 
 
 def exact_law(model, path: str = "native") -> dict[tuple[int, ...], float]:

@@ -197,20 +197,6 @@ def test_the_mtp_method_needs_a_head(tmp_path):
 LAW_TOKENS, LAW_SAMPLES, TOP_K, TEMPERATURE, ALPHA = 4, 3000, 3, 0.35, 1e-3
 
 
-def next_token_law(model, ids: list[int]) -> dict[int, float]:
-    """The processed distribution of the token after `ids` (temperature, top-k), by a fresh
-    forward pass over the whole of `ids`."""
-    from specserve.models.transformer import ForwardBatch
-
-    pool = model.new_pool(1, 16)
-    with torch.inference_mode():
-        (logits,) = model.forward(ForwardBatch.paged([ids], [0], [[0]], ["law"]), pool,
-                                  last_n=[1])
-    top = torch.topk(logits[-1].double(), TOP_K)
-    probs = torch.softmax(top.values / TEMPERATURE, dim=-1)
-    return dict(zip(top.indices.tolist(), probs.tolist()))
-
-
 @pytest.mark.parametrize("broken", [False, True], ids=["exact", "temperature-lost"])
 def test_mtp_drafting_at_temperature_follows_the_targets_enumerated_law(checkpoints, monkeypatch,
                                                                         broken):
@@ -221,7 +207,7 @@ def test_mtp_drafting_at_temperature_follows_the_targets_enumerated_law(checkpoi
     every output stays one the law allows, the acceptance test is wrong, and the same χ²
     test rejects the law."""
     from specserve.llm import LLM
-    from tests.law import chi_square_p, enumerate_law
+    from tests.law import chi_square_p, enumerate_law, next_token_law
 
     if broken:
         from specserve.speculative.drafter import Proposal
@@ -245,7 +231,8 @@ def test_mtp_drafting_at_temperature_follows_the_targets_enumerated_law(checkpoi
     counts = Counter(tuple(c.token_ids) for c in out.outputs)
     metrics = llm.metrics()
     assert 0 < metrics["accepted"] < metrics["drafted"], metrics  # accepted and rejected
-    law = enumerate_law(lambda ids: next_token_law(target.model, ids), PROMPT, LAW_TOKENS)
+    law = enumerate_law(lambda ids: next_token_law(target.model, ids, TOP_K, TEMPERATURE),
+                        PROMPT, LAW_TOKENS)
     assert all(law.get(s, 0.0) > 0 for s in counts)  # every output one the law allows
     p = chi_square_p(counts, law)
     assert (p < ALPHA) if broken else (p > ALPHA), p
