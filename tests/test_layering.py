@@ -15,8 +15,7 @@ SCRIPTS = ROOT / "benchmarks" / "scripts"
 # benchmark's shipped prompts; anything else it needs goes through the CLI or the HTTP API
 PUBLIC = {"specserve", "specserve.bench.workloads", "specserve.bench.request_pool",
           "specserve.bench.tasks", "specserve.bench.checkers", "specserve.bench.humaneval",
-          "specserve.bench.sse", "specserve.bench.prefill_paths"}  # the API, the shipped tasks,
-# the stream reader, and the benchmarks whose script is only their command line
+          "specserve.bench.sse"}  # the API, the shipped tasks and the stream reader
 
 # lowest first; a module may import its own floor and the floors below it
 LAYERS = [

@@ -39,6 +39,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
+from specserve.bench import sse
+
 # (module function, wrong body, right body, test line): one per run, in turn
 TASKS = [
     ("add", "return a - b", "return a + b", "assert {m}.add(2, 3) == 5"),
@@ -52,8 +54,9 @@ ARGS = {"add": "a, b", "mean": "xs", "clamp": "x, lo, hi", "last": "xs"}
 MODULES = ["calc", "stats", "numbers", "helpers"]
 PROMPT = ("The tests in test_{m}.py fail. Read {m}.py, fix the bug in it, then run the tests "
           "with `python -m pytest -q test_{m}.py` and tell me the result.")
-TEXT_EVENTS = ("response.output_text.delta", "response.function_call_arguments.delta",
-               "content_block_delta")
+TEXT_EVENTS = ("response.output_item.added", "response.output_text.delta",
+               "response.function_call_arguments.delta", "content_block_start",
+               "content_block_delta")  # the first of these: the first output
 
 
 def make_repo(root: Path, index: int) -> tuple[Path, str]:
@@ -74,24 +77,29 @@ def make_repo(root: Path, index: int) -> tuple[Path, str]:
     return repo, module
 
 
+def _events(text: str):
+    """The JSON objects of a recorded stream's events (`sse.events`), to a torn last line."""
+    try:
+        for event in sse.events(text.splitlines()):
+            if isinstance(event, dict):
+                yield event
+    except ValueError:  # the stream was cut inside an event (its client left)
+        return
+
+
 def summarize(path: str, body: bytes, chunks: list[tuple[float, bytes]], total: float) -> dict:
     """One request's record from its streamed answer (Responses or Messages events)."""
     text = b"".join(c for _, c in chunks).decode("utf-8", "replace")
     ttft, tail = None, ""
-    for t, chunk in chunks:  # the first chunk that completes a generated-text event's type
-        tail = (tail + chunk.decode("utf-8", "replace")).replace(" ", "")[-200:]
-        if any(f'"type":"{e}"' in tail for e in TEXT_EVENTS):
+    for t, chunk in chunks:  # the first chunk that completes an output event's type
+        seen = (tail + chunk.decode("utf-8", "replace")).replace(" ", "")
+        if any(f'"type":"{e}"' in seen for e in TEXT_EVENTS):
             ttft = t
             break
+        tail = seen[-100:]  # a type split between two chunks
     record = {"path": path, "seconds": round(total, 2), "ttft": ttft and round(ttft, 2),
               "request_bytes": len(body)}
-    for line in text.splitlines():
-        if not line.startswith("data:"):
-            continue
-        try:
-            event = json.loads(line[5:])
-        except ValueError:
-            continue
+    for event in _events(text):
         kind = event.get("type")
         if kind == "response.completed":
             usage = event["response"].get("usage") or {}
@@ -176,8 +184,8 @@ def command(agent: str, binary: str, repo: Path, base: str, home: Path, model: s
             f'name = "local"\nbase_url = "{base}/v1"\nwire_api = "responses"\n'
             f'env_key = "LOCAL_KEY"\n')
         env.update(CODEX_HOME=str(home), LOCAL_KEY=key)
-        return [binary, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-                "-C", str(repo)], env
+        return [binary, "exec", "--skip-git-repo-check",
+                "--dangerously-bypass-approvals-and-sandbox", "-C", str(repo)], env
     env.update(ANTHROPIC_BASE_URL=base, ANTHROPIC_API_KEY=key, ANTHROPIC_MODEL=model,
                ANTHROPIC_DEFAULT_HAIKU_MODEL=model, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
                IS_SANDBOX="1", HOME=str(home))

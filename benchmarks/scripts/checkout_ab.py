@@ -3,12 +3,18 @@
 Each round runs `prefill_ttft.py` (time to first token of the ~900-token code_edit prompt, and
 a 64-token greedy decode, target only, default weights) once per checkout, in a fresh process
 whose `PYTHONPATH` is that checkout, the order alternating round by round; the first call of
-each process warms up and is dropped. The host drifts by more than a kernel change is worth
+each process warms up and is dropped. Each record keeps the process's log lines about its
+prefill path (`prefill_path` auto chooses one by timing at start-up). The host drifts by more than a kernel change is worth
 between minutes, so only sides measured side by side are compared. Writes one JSON line per
 process and prints medians: prefill tokens/s (prompt tokens / TTFT) and decode tokens/s.
 
+Two checkouts whose weight caches differ (another `CACHE_VERSION`) would each remove the
+other's entry and repack at every start (the cache keeps one entry per file and format);
+`--caches DIR` gives each side its own cache, `DIR/a` and `DIR/b` (`SPECSERVE_CACHE`), whose
+`models` folder is a link to this cache's (the model files are shared, not copied).
+
     flock -x /tmp/specserve-cpu.lock python benchmarks/scripts/checkout_ab.py \\
-        --a /tmp/base --b . --rounds 6 --out results.jsonl
+        --a /tmp/base --b . --rounds 6 --caches ~/.cache/specserve-ab --out results.jsonl
 """
 
 from __future__ import annotations
@@ -35,11 +41,33 @@ def prompt_tokens() -> int:
     return len(llm.tokenizer.encode_chat([{"role": "user", "content": f"[a0-1] {text}"}]))
 
 
-def run(tree: Path, calls: int, tag: str) -> dict:
+def models_dir() -> Path:
+    """This cache's model files (the cache root as specserve finds it: $SPECSERVE_CACHE, else
+    $XDG_CACHE_HOME/specserve, else ~/.cache/specserve; scripts use the public API only)."""
+    root = os.environ.get("SPECSERVE_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "specserve"
+    return Path(root).expanduser() / "models"
+
+
+def side_cache(root: Path, side: str) -> Path:
+    """`root/side`, a cache of its own whose `models` links to this cache's model files."""
+    cache = root.expanduser() / side
+    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    link = cache / "models"
+    if not link.is_symlink():
+        link.symlink_to(models_dir().resolve(), target_is_directory=True)
+    return cache
+
+
+def run(tree: Path, calls: int, tag: str, cache: Path | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
-    out = subprocess.run([sys.executable, str(SCRIPT), str(calls), tag], env=env, check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    if cache is not None:
+        env["SPECSERVE_CACHE"] = str(cache)
+    done = subprocess.run([sys.executable, str(SCRIPT), str(calls), tag], env=env, check=True,
+                          capture_output=True, text=True)
+    # what the process said of its prefill path (auto: chosen by timing at start-up)
+    said = [line for line in done.stderr.splitlines() if "prefill" in line.lower()]
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "prefill_log": said}
 
 
 def main() -> int:
@@ -48,15 +76,19 @@ def main() -> int:
     p.add_argument("--b", type=Path, required=True, help="the second checkout")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--calls", type=int, default=4, help="calls per process (the first dropped)")
+    p.add_argument("--caches", type=Path, default=None,
+                   help="a weight cache per side under this folder (see the module doc)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    caches = ({side: side_cache(args.caches, side) for side in ("a", "b")}
+              if args.caches is not None else {"a": None, "b": None})
     tokens = prompt_tokens()
     samples = {"a": {"ttft": [], "decode": []}, "b": {"ttft": [], "decode": []}}
     with open(args.out, "w") as f:
         for r in range(args.rounds):
             for side in (("a", "b") if r % 2 == 0 else ("b", "a")):
                 tree = args.a if side == "a" else args.b
-                got = run(tree, args.calls, f"{side}{r}")
+                got = run(tree, args.calls, f"{side}{r}", caches[side])
                 f.write(json.dumps({"side": side, "tree": str(tree), "round": r,
                                     "prompt_tokens": tokens, **got}) + "\n")
                 f.flush()

@@ -13,6 +13,7 @@ minutes, and a side by side alternation cancels it.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 
@@ -21,6 +22,8 @@ from specserve.bench import workloads
 
 
 def main(calls: int, tag: str) -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    logging.getLogger("specserve").setLevel(logging.INFO)  # the load and prefill-path lines
     llm = LLM("qwen2.5-coder-1.5b", speculative_config=None)
     text = workloads.load("code_edit")
     out: dict[str, list[float]] = {"ttft": [], "decode": []}

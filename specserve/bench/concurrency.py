@@ -82,25 +82,30 @@ def run_sustained(llm, prompts: list[list[int]], level: int, max_tokens: int,
     """`level` of `prompts` in flight at once, each that finishes replaced by the next, for
     `seconds`; tokens/s counts the tokens of the steps that ended between `ramp` and
     `seconds` (the requests still running then are aborted, uncounted). Latencies are those of
-    the requests that finished in time. `clock`: seconds (a test's own)."""
+    the requests that finished in time. A pool that runs out after the ramp ends the window
+    there (a fast machine, a small model: `window_s` says how long it lasted); before the
+    ramp it is an error. `clock`: seconds (a test's own)."""
     if seconds <= ramp:
         raise ValueError(f"a sustained run must last longer than its ramp ({ramp} s), got {seconds}")
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True, seed=0)
     engine, queue = llm.engine, iter(prompts)
     fresh(llm)
 
-    def submit() -> None:
+    def submit(now: float) -> bool:
+        """The next prompt in flight; False when the pool is spent (an error before the ramp)."""
         ids = next(queue, None)
-        if ids is None:
-            raise ValueError(f"{len(prompts)} prompts ran out before {seconds} s at "
-                             f"{level} in flight")
-        engine.add_request(ids, params)
+        if ids is None and now <= ramp:
+            raise ValueError(f"{len(prompts)} prompts ran out after {now:.2f} s, before the "
+                             f"ramp ({ramp:g} s) of a {seconds:g}-s run at {level} in flight")
+        if ids is not None:
+            engine.add_request(ids, params)
+        return ids is not None
 
     for _ in range(level):
-        submit()
-    counted, done = 0, []
+        submit(0.0)
+    counted, done, window = 0, [], None  # window: when the pool ran out, if it did
     start = clock()
-    while True:
+    while window is None:
         deltas = engine.step()
         now = clock() - start
         if now >= seconds:
@@ -112,14 +117,16 @@ def run_sustained(llm, prompts: list[list[int]], level: int, max_tokens: int,
                 raise d.error
             if d.finished:
                 done.append(d.output.outputs[0])
-                submit()
+                if window is None and not submit(now):
+                    window = now
     for request_id in engine.request_ids():
         engine.abort_request(request_id)
     while engine.has_unfinished():
         engine.step()
     if not done:
         raise ValueError(f"no request finished within {seconds} s: make the run longer")
-    return _figures(done, seconds - ramp, seconds, counted)
+    window = seconds if window is None else window
+    return dict(_figures(done, window - ramp, window, counted), window_s=window)
 
 
 def _figures(comps: list, seconds: float, wall: float, tokens: int | None = None) -> dict:

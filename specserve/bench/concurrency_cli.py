@@ -68,6 +68,9 @@ def cmd_concurrency(args, prompt_files: dict[str, Path]) -> int:
                 if args.sustained:  # the same requests for every configuration
                     run = cc.run_sustained(llm, ids, level, args.max_tokens, 0.0,
                                            args.sustained, args.sustained / 6)
+                    if run["window_s"] < args.sustained:
+                        log(f"# {cfg.name} x{level}: the {len(ids)} requests ran out after "
+                            f"{run['window_s']:.2f} s; counted up to then")
                 else:
                     prompts = cc.unique_prompts(bench, texts, level, offset)
                     offset += level
@@ -114,12 +117,15 @@ def _write(args, bench, levels: list[int], names: tuple, records: list[dict]) ->
                "records": records, "summary": rows}
     (args.out / "concurrency.json").write_text(json.dumps(payload, indent=1, default=str))
     table = cc.markdown(rows)
+    short = [r for r in records if r.get("window_s", args.sustained) < args.sustained]
+    cut = (f"the pool of requests ran out early in {len(short)} run(s), which counted up to then "
+           f"(shortest {min(r['window_s'] for r in short):.2f} s); " if short else "")
     (args.out / "concurrency.md").write_text(
         f"# specserve bench --concurrency\n\nMachine: {machine['cpu']}, {machine['cores']} cores, "
         f"{machine['threads']} threads, weights {args.weights} ({machine['time']}). Workloads "
         f"{', '.join(names)}, {args.max_tokens} tokens each, greedy, EOS ignored; "
         + (f"each level's requests kept in flight for {args.sustained:g} s, tokens counted after "
-           f"{args.sustained / 6:g} s; " if args.sustained else "each level one batch; ")
+           f"{args.sustained / 6:g} s; {cut}" if args.sustained else "each level one batch; ")
         + f"median of {args.repeats} repeat(s).\n\n{table}\n")
     print(table)
     log(f"# wrote {args.out / 'concurrency.json'}, {args.out / 'concurrency.md'}")

@@ -15,13 +15,17 @@ Items: the tasks (`bench/tasks/`, HumanEval problems `bench/humaneval.py`; judge
 temperature, seeds 0..seeds-1, also where its output cannot depend on the seed: a
 deterministic configuration's repeated outputs are collapsed into one in the summary
 (`bench/frontier_summary.py`) and its calls still time its cells. Calls alternate: for each
-(item, seed) every configuration runs once before the next, so the drift of a shared machine
-slows all configurations alike; the drafting caches are emptied before every call.
+(item, seed) every configuration runs once before the next, in the set's order on even items
+and the reverse on odd ones, so the drift of a shared machine slows all configurations alike
+and no configuration always runs first; the drafting caches are emptied before every call.
+A run grows piece by piece (`bench/frontier_records.py`): cells already recorded are skipped,
+and a piece stops starting items at its deadline.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 
 from specserve.bench.checkers import check
@@ -119,7 +123,14 @@ def frontier_configs(k: int = 6) -> list[FrontierConfig]:
     return out + [fly_published()]
 
 
-CONFIG_SETS = {"fidelity": fidelity_configs, "grid": frontier_configs}
+def lossy_configs(k: int = 6) -> list[FrontierConfig]:
+    """The set sized to fit 164 HumanEval problems at T = 0, one call per cell: target only,
+    the lossless default (its text at T = 0 is target only's, so it is there for its speed,
+    paired with target only item by item) and the five lossy settings of the fidelity set."""
+    return [c for c in fidelity_configs(k) if c.method != "lossless"]
+
+
+CONFIG_SETS = {"fidelity": fidelity_configs, "grid": frontier_configs, "lossy": lossy_configs}
 
 
 def select_configs(configs: list[FrontierConfig], names: str | None) -> list[FrontierConfig]:
@@ -140,9 +151,12 @@ class FrontierRun:
     the alternated calls; `records()` yields one dict per call."""
 
     def __init__(self, bench, configs: list[FrontierConfig], tasks: list[Task], creative: str,
-                 options: FrontierOptions, progress=None) -> None:
+                 options: FrontierOptions, progress=None, skip: frozenset = frozenset(),
+                 deadline: float | None = None) -> None:
         self.bench, self.configs, self.tasks, self.opt = bench, configs, tasks, options
         self.progress = progress
+        self.skip = skip  # cells (config, temperature, item, seed) already recorded
+        self.deadline = deadline  # time.monotonic() after which no new item starts
         tok = bench.target.tokenizer
         self.prompts = [(t.id, t.kind, chat_ids(tok, t.prompt, t.response_prefix)
                          if t.response_prefix else bench.prompt_ids(t.prompt), t) for t in tasks]
@@ -153,8 +167,18 @@ class FrontierRun:
         self._nll: dict[tuple, float] = {}
         self._max_len = longest + options.max_tokens + 24
 
+    def cells(self):
+        """(temperature, item index, seed, config) of every call still to make, in run order."""
+        for temperature in self.opt.temperatures:
+            for index, (item, *_) in enumerate(self.prompts):
+                for seed in range(self.opt.seeds):
+                    order = self.configs if index % 2 == 0 else self.configs[::-1]
+                    for cfg in order:
+                        if (cfg.name, float(temperature), item, seed) not in self.skip:
+                            yield temperature, index, seed, cfg
+
     def count(self) -> int:
-        return len(self.opt.temperatures) * len(self.prompts) * self.opt.seeds * len(self.configs)
+        return sum(1 for _ in self.cells())
 
     def llm(self, cfg: FrontierConfig):
         """The LLM for cfg's speculative config, built (and warmed up once on the longest
@@ -183,12 +207,19 @@ class FrontierRun:
                 self.llm(cfg).generate(ids, params)
 
     def records(self):
+        """One record per call still to make; at the deadline, no new (item, temperature)
+        starts, so a piece ends on whole items where it can."""
+        if self.count() == 0:
+            return
         self.warm_up()
-        for temperature in self.opt.temperatures:
-            for item, kind, ids, task in self.prompts:
-                for seed in range(self.opt.seeds):
-                    for cfg in self.configs:
-                        yield self._call(cfg, temperature, item, kind, ids, task, seed)
+        current = None
+        for temperature, index, seed, cfg in self.cells():
+            if (temperature, index) != current:
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    return
+                current = (temperature, index)
+            item, kind, ids, task = self.prompts[index]
+            yield self._call(cfg, temperature, item, kind, ids, task, seed)
 
     def _call(self, cfg, temperature, item, kind, ids, task, seed) -> dict:
         params = SamplingParams(temperature=temperature, max_tokens=self.opt.max_tokens,

@@ -3,16 +3,18 @@
 E.g. a small run: `specserve bench --suite frontier --task-kinds humaneval --limit 5
 --frontier-configs "lossless (default)" --seeds 3 --max-tokens 384 --temperatures 0`.
 The report can be rebuilt from a run's records (also an interrupted one) with
-`python -m specserve.bench.frontier_report OUT [--docs docs/fidelity.md]`.
+`python -m specserve.bench.frontier_report OUT [--docs docs/fidelity.md]`. A run grows in
+pieces: `--resume` keeps OUT's records and makes only the cells not yet recorded, and
+`--minutes M` stops starting new items after M minutes (`bench/frontier_records.py`).
 """
 
 from __future__ import annotations
 
-import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 
-from specserve.bench import frontier, frontier_report, workloads
+from specserve.bench import frontier, frontier_records, frontier_report, workloads
 from specserve.bench.frontier_summary import summarize_frontier
 from specserve.bench.humaneval import KIND as HUMANEVAL, load_humaneval
 from specserve.bench.runner import Bench, BenchOptions, log, machine_info
@@ -44,6 +46,12 @@ def add_frontier_args(p) -> None:
                    help="frontier: comma-separated temperatures (default 0,0.7)")
     g.add_argument("--no-creative", action="store_true",
                    help="frontier: leave out the creative prompt (NLL and distinct-2)")
+    g.add_argument("--resume", action="store_true",
+                   help="frontier: keep --out's records and make only the calls not yet "
+                   "recorded (same protocol: temperatures, seeds, max tokens, k, set)")
+    g.add_argument("--minutes", type=float, default=None,
+                   help="frontier: start no new item after this many minutes (a piece of a "
+                   "run that grows with --resume)")
 
 
 def temperatures(text: str) -> tuple[float, ...]:
@@ -72,6 +80,9 @@ def cmd_frontier(args, prompt_files: dict) -> int:
 
     from specserve.weights.loader import load_model
 
+    if args.minutes is not None and args.minutes <= 0:
+        raise ValueError(f"--minutes must be > 0, got {args.minutes}")
+    started = time.monotonic()
     options = frontier.FrontierOptions(temperatures(args.temperatures), args.seeds,
                                        args.max_tokens, args.quality, not args.no_creative)
     tasks = frontier_tasks(args.task_kinds, args.tasks_per_kind, args.limit, args.humaneval_file)
@@ -85,27 +96,30 @@ def cmd_frontier(args, prompt_files: dict) -> int:
         f"({draft.load_seconds:.1f}s); {len(tasks)} tasks"
         f"{' + ' + frontier.CREATIVE if options.creative else ''}, {len(configs)} configurations")
     bench = Bench(target, draft, BenchOptions(max_tokens=args.max_tokens))
-    run = frontier.FrontierRun(bench, configs, tasks, creative[frontier.CREATIVE], options)
+    skip = frozenset(frontier_records.recorded_cells(args.out)) if args.resume else frozenset()
+    deadline = started + 60 * args.minutes if args.minutes is not None else None
+    run = frontier.FrontierRun(bench, configs, tasks, creative[frontier.CREATIVE], options,
+                               skip=skip, deadline=deadline)
     machine = machine_info(args.dtype)
     machine.update(weights=args.weights, target=target.path.name, draft=draft.path.name)
     opts = dict(asdict(options), tasks=len(tasks), k=args.frontier_k, set=args.frontier_set,
                 task_kinds=args.task_kinds, tasks_per_kind=args.tasks_per_kind,
                 limit=args.limit, humaneval_file=str(args.humaneval_file or ""),
                 configs=[c.name for c in configs])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "frontier.meta.json").write_text(json.dumps({"machine": machine,
-                                                             "options": opts}, indent=1))
-    partial = args.out / "frontier.records.jsonl"  # every call as it comes
-    partial.write_text("")
-    records = []
+    meta = frontier_records.start_piece(args.out, machine, opts, args.resume)
+    added = 0
     with tqdm(total=run.count(), desc="frontier", unit="call") as bar:
         run.progress = bar
-        for rec in run.records():
-            records.append(rec)
-            with partial.open("a") as f:
-                f.write(json.dumps(rec, default=str) + "\n")
+        for rec in run.records():  # every call as it comes
+            frontier_records.append(args.out, rec)
+            added += 1
+    records = frontier_records.read_records(args.out)
+    log(f"# this piece added {added} calls; the run holds {len(records)}")
+    if not records:  # e.g. a piece whose start-up outlasted --minutes
+        return 0
     rows = summarize_frontier(records)
-    out = frontier_report.write_frontier(args.out, machine, opts, records, rows, plots)
+    out = frontier_report.write_frontier(args.out, meta["machine"], meta["options"], records,
+                                         rows, plots)
     print(frontier_report.table(rows))
     print()
     print(frontier_report.control_table(rows))

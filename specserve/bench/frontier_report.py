@@ -3,10 +3,13 @@ its paired figures, the lossless controls, the settings on the speed/accuracy fr
 the frontier PNG (speedup against accuracy and against the paired difference, with their
 intervals, one curve per method, one row of panels per temperature).
 
-`python -m specserve.bench.frontier_report RUN_DIR... [--out DIR] [--docs docs/fidelity.md]`
-recomputes the summary from runs' records (`frontier.records.jsonl`, or `frontier.json`;
-several runs, e.g. one per temperature, are pooled), rewrites the report, and with `--docs`
-writes its tables and plot into the doc between the `BEGIN`/`END` markers.
+`python -m specserve.bench.frontier_report RUN_DIR... [--out DIR] [--docs docs/fidelity.md]
+[--repeat DIR]` recomputes the summary from runs' records (every piece's, `bench/
+frontier_records.py`, or `frontier.json`; several runs, e.g. one per temperature, are
+pooled), rewrites the report with how many items each configuration has, and with `--docs`
+writes its tables and plot into the doc between the `BEGIN`/`END` markers. `--repeat DIR`
+adds a run that repeated some cells: the report says, per configuration, on how many of them
+the two calls gave the same output.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import json
 import shutil
 from pathlib import Path
 
-from specserve.bench.frontier_summary import pareto, summarize_frontier
+from specserve.bench import frontier_records
+from specserve.bench.frontier_summary import (coverage, pareto, repeat_agreement,
+                                              summarize_frontier)
 
 METHOD_STYLE = {"target only": ("black", "s"), "lossless (default)": ("tab:gray", "D"),
                 "lossless": ("tab:brown", "d"), "mentored": ("tab:blue", "o"),
@@ -89,15 +94,16 @@ def table(rows: list[dict]) -> str:
 def control_table(rows: list[dict]) -> str:
     """The lossless rows: their true difference from target only is zero, so their interval
     shows what difference this run can resolve, and must contain 0."""
-    lines = ["| T | control | items × calls | Δ vs target [95% CI] | 0 inside | p (test) | "
-             "speedup [95% CI] |", "|---|---|---|---|---|---|---|"]
+    lines = ["| T | control | items × calls | same text as target | Δ vs target [95% CI] | "
+             "0 inside | p (test) | speedup [95% CI] |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if not r["control"] or r["delta"] is None:
             continue
         inside = "—" if r["delta_lo"] is None else \
             ("yes" if r["delta_lo"] <= 0 <= r["delta_hi"] else "**no**")
         lines.append(f"| {r['temperature']:g} | {_name(r)} | {r['items']} × "
-                     f"{r['min_calls_per_cell']} | "
+                     f"{r['min_calls_per_cell']} | {r.get('same_text', '—')} / "
+                     f"{r['paired_items']} | "
                      f"{_interval(r['delta'], r['delta_lo'], r['delta_hi'], '+.1%')} | {inside} "
                      f"| {_p(r)} | "
                      f"{_interval(r['speedup'], r['speedup_lo'], r['speedup_hi'], '.2f', 'x')} |")
@@ -117,20 +123,51 @@ def frontier_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def markdown(rows: list[dict], machine: dict, options: dict, png: str | None) -> str:
+def coverage_table(records: list[dict], total: int | None) -> str:
+    """How many task items each configuration has recorded, of the run's `total`."""
+    of = f" of {total}" if total else ""
+    lines = [f"| T | config | items recorded{of} |", "|---|---|---|"]
+    for (t, config), n in coverage(records).items():
+        lines.append(f"| {t:g} | {config} | {n}{of.replace(' of ', ' / ')} |")
+    return "\n".join(lines)
+
+
+def repeat_table(agreement: list[dict]) -> str:
+    lines = ["| T | config | cells called twice | same output | items that differ |",
+             "|---|---|---|---|---|"]
+    for r in agreement:
+        lines.append(f"| {r['temperature']:g} | {r['config']} | {r['cells']} | {r['same']} | "
+                     f"{', '.join(r['differ']) or '—'} |")
+    return "\n".join(lines)
+
+
+def markdown(rows: list[dict], machine: dict, options: dict, png: str | None,
+             extra: str = "") -> str:
     md = [f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, torch "
           f"{machine.get('torch')}, {machine.get('threads')} threads, target "
           f"{machine.get('target')}, draft {machine.get('draft')}, weights "
           f"{machine.get('weights')} ({machine.get('time')}).", f"Protocol: {options}.", "",
           LEGEND, "", table(rows), "", "### Lossless controls", "", control_table(rows), "",
           "### Settings on the speed/accuracy frontier", "", frontier_table(rows), ""]
+    if extra:
+        md += [extra, ""]
     if png:
         md.append(f"![frontier]({png})")
     return "\n".join(md) + "\n"
 
 
+def sections(records: list[dict], options: dict, repeat: list[dict] | None = None) -> str:
+    """The coverage table (and the repeat check's, when there is one)."""
+    total = options.get("tasks") if isinstance(options, dict) else None
+    out = "### Items recorded\n\n" + coverage_table(records, total)
+    if repeat is not None:
+        out += "\n\n### Repeated calls\n\n" + repeat_table(repeat)
+    return out
+
+
 def write_frontier(out_dir: Path, machine: dict, options: dict, records: list[dict],
-                   rows: list[dict], plots: bool = True) -> dict[str, Path]:
+                   rows: list[dict], plots: bool = True,
+                   repeat: list[dict] | None = None) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {"json": out_dir / "frontier.json", "markdown": out_dir / "frontier.md"}
     files["json"].write_text(json.dumps({"suite": "frontier", "machine": machine,
@@ -138,13 +175,14 @@ def write_frontier(out_dir: Path, machine: dict, options: dict, records: list[di
                                          "records": records}, indent=1, default=str))
     if plots:
         files["png"] = write_frontier_png(out_dir / "frontier.png", rows)
-    body = markdown(rows, machine, options, files["png"].name if plots else None)
+    body = markdown(rows, machine, options, files["png"].name if plots else None,
+                    sections(records, options, repeat))
     files["markdown"].write_text("# specserve bench: frontier\n\n" + body)
     return files
 
 
 def write_docs(doc: Path, rows: list[dict], machine: dict, options: dict, run_dir: Path | str,
-               png: Path | None) -> None:
+               png: Path | None, extra: str = "") -> None:
     """Replace the doc's text between `BEGIN` and `END` with this run's tables (and copy the
     plot beside the doc)."""
     text = doc.read_text()
@@ -154,7 +192,7 @@ def write_docs(doc: Path, rows: list[dict], machine: dict, options: dict, run_di
     if png is not None:
         shown = doc.parent / "fidelity-frontier.png"
         shutil.copyfile(png, shown)
-    body = f"Run: `{run_dir}`. " + markdown(rows, machine, options, shown and shown.name)
+    body = f"Run: `{run_dir}`. " + markdown(rows, machine, options, shown and shown.name, extra)
     head, rest = text.split(BEGIN, 1)
     doc.write_text(f"{head}{BEGIN}\n{body}{END}{rest.split(END, 1)[1]}")
 
@@ -213,15 +251,12 @@ def _bar(value: float, lo: float | None, hi: float | None) -> list | None:
 
 
 def load_records(run_dir: Path) -> tuple[list[dict], dict, dict]:
-    """A run's records (the JSONL of calls, complete or not, else frontier.json's), machine
+    """A run's records (every piece's calls, complete or not, else frontier.json's), machine
     and options (frontier.meta.json, written when the run starts)."""
-    jsonl, full = run_dir / "frontier.records.jsonl", run_dir / "frontier.json"
-    if jsonl.exists():
-        records = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-    else:
-        records = json.loads(full.read_text())["records"]
-    meta = run_dir / "frontier.meta.json"
-    info = json.loads(meta.read_text()) if meta.exists() else {}
+    records = frontier_records.read_records(run_dir)
+    if not records and (run_dir / "frontier.json").exists():
+        records = json.loads((run_dir / "frontier.json").read_text())["records"]
+    info = frontier_records.read_meta(run_dir)
     return records, info.get("machine", {}), info.get("options", {})
 
 
@@ -234,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", type=Path, default=None,
                     help="also write the tables into this doc, between its markers")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--repeat", type=Path, default=None,
+                    help="a run that called some of the same cells again: report, per "
+                    "configuration, on how many the outputs agree")
+    ap.add_argument("--pack", action="store_true",
+                    help="compress each run's records into frontier.records.jsonl.gz")
     args = ap.parse_args(argv)
     records, machine, options = [], {}, []
     for run_dir in args.run_dirs:
@@ -241,13 +281,21 @@ def main(argv: list[str] | None = None) -> int:
         records += recs
         machine = machine or mach
         options.append(opts)
+    if not records:
+        raise SystemExit(f"no frontier records in {', '.join(map(str, args.run_dirs))}")
     rows = summarize_frontier(records)
     out = args.out or args.run_dirs[0]
     pooled = options[0] if len(options) == 1 else {"runs": options}
-    files = write_frontier(out, machine, pooled, records, rows, not args.no_plots)
+    repeat = (repeat_agreement(records, load_records(args.repeat)[0])
+              if args.repeat is not None else None)
+    files = write_frontier(out, machine, pooled, records, rows, not args.no_plots, repeat)
     if args.docs is not None:
         where = ", ".join(str(d) for d in args.run_dirs)
-        write_docs(args.docs, rows, machine, pooled, where, files.get("png"))
+        write_docs(args.docs, rows, machine, pooled, where, files.get("png"),
+                   sections(records, pooled, repeat))
+    if args.pack:
+        for run_dir in args.run_dirs:
+            frontier_records.pack(run_dir)
     print(table(rows))
     return 0
 

@@ -15,8 +15,13 @@ and flagged. Per row:
   prefill included), with a bootstrap interval over items; `speedup_decode` likewise from
   decode tokens/s after the first token (prefill excluded: a reply that stops sooner is not
   charged its prompt's prefill over fewer tokens);
+- same_text: on how many of the items both have this configuration's outputs are target
+  only's (by hash; a lossless row's should be all at T = 0, up to near ties);
 - acceptance, mean realised TV, the target's NLL per token (tasks; creative) and distinct-2
   (creative).
+
+`coverage` counts the items each configuration has; `repeat_agreement` compares two runs'
+outputs cell by cell (a configuration is deterministic where repeated calls agree).
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ def _row(t: float, mine: dict[str, list[dict]], base: dict[str, list[dict]],
            "control": first["method"] in CONTROLS}
     row.update(_accuracy(tasks))
     row.update(_paired(tasks, base, is_base))
+    row["same_text"] = sum({r["output_hash"] for r in rs} == {r["output_hash"] for r in base[i]}
+                           for i, rs in tasks.items() if i in base)
     row.update(_speed(mine, base, is_base))
     row.update(_quality(calls, tasks, creative))
     return row
@@ -180,3 +187,35 @@ def pareto(rows: list[dict], x: str, y: str, higher_y: bool = True) -> list[dict
         return a[x] >= b[x] and ya >= yb and (a[x] > b[x] or ya > yb)
 
     return sorted((r for r in pts if not any(better(o, r) for o in pts)), key=lambda r: r[x])
+
+
+def coverage(records: list[dict]) -> dict[tuple[float, str], int]:
+    """(temperature, configuration) -> how many task items it has recorded."""
+    items: dict[tuple[float, str], set] = defaultdict(set)
+    for r in records:
+        if r["kind"] != CREATIVE:
+            items[(r["temperature"], r["config"])].add(r["workload"])
+    return {key: len(v) for key, v in items.items()}
+
+
+def repeat_agreement(first: list[dict], second: list[dict]) -> list[dict]:
+    """Per (temperature, configuration): the cells (item, seed) both runs recorded, and on how
+    many every call's output is the same (by hash), in the first run's order."""
+    def outputs(records):
+        cells = defaultdict(set)
+        for r in records:
+            cells[(r["temperature"], r["config"], r["workload"], r["seed"])].add(r["output_hash"])
+        return cells
+
+    a, b = outputs(first), outputs(second)
+    rows: dict[tuple, dict] = {}
+    for key in a:
+        if key in b:
+            row = rows.setdefault(key[:2], {"temperature": key[0], "config": key[1],
+                                            "cells": 0, "same": 0, "differ": []})
+            row["cells"] += 1
+            if len(a[key] | b[key]) == 1:
+                row["same"] += 1
+            else:
+                row["differ"].append(key[2])
+    return list(rows.values())

@@ -7,8 +7,8 @@ with `max_model_len` the longest prompt), oneDNN's own bf16 rate on large square
 peak the prefill's FLOP rate is put against, and (`--attention-contexts`) one layer's attention
 of a chunk of prompt rows ending at each context, on each path, as "auto" times it.
 
-    python benchmarks/scripts/prefill_paths.py --tokens 512,2048 --repeats 5 --out FILE
-    python benchmarks/scripts/prefill_paths.py --tokens 8500,12000 --repeats 2 \
+    python -m specserve.bench.prefill_paths --tokens 512,2048 --repeats 5 --out FILE
+    python -m specserve.bench.prefill_paths --tokens 8500,12000 --repeats 2 \
         --paths native,onednn,attention --attention-contexts 1024,4096,8192,12288,16384
 
 Prompts: the shipped code_edit prompt's tokens, repeated to the length asked. FLOPs of a

@@ -11,11 +11,17 @@ mixed with bad and hostile clients, then the server's own figures.
   a body a byte at a time, and open connections that send half a head and go silent;
 - a burst client sends `--burst` requests at once every few seconds, enough to reach 429;
 - a flood client (`--flood N`) opens N streams it never reads (`--flood-tokens` each) and N
-  requests whose bodies never end, all at once, holds them `--stall-s` seconds, and again.
+  requests whose bodies never end, all at once, holds them `--stall-s` seconds, and again;
+- `--agents` clients stream requests with a tool on the agents' wires, `/v1/responses` and
+  `/v1/messages` in turn, and one client asks for tool-call-shaped output that stalled the
+  old parser (`` ```{ `` `--storm-repeats` times per choice; `soak_agents.py`).
 Throughout, a prober asks /health every half second, and a fresh client (a new connection,
-a short chat request) comes every `--fresh-every` seconds: their worst latency and waits are
-figures of the run, in calm runs too.
-At the end it waits for the server to go idle and prints one JSON object: requests served,
+a short chat request, from `--fresh-address` if given: another user) comes every
+`--fresh-every` seconds: their worst latency and waits are figures of the run, in calm runs
+too.
+At the end it waits `--grace` seconds at most for the clients' last requests (on a slow or
+loaded machine they may outlast the run: those still open are left uncounted, their number
+given as `clients_unended`), then for the server to go idle, and prints one JSON object: requests served,
 4xx, 429 and 5xx answers, lost requests (a connection error or a stream without `[DONE]`,
 other than the deliberate disconnects), hostile connections the server still held past its
 timeouts (`held`), the outcome of each kind of client (`outcomes`: e.g. `stalled:dropped`),
@@ -40,7 +46,7 @@ from pathlib import Path
 
 import httpx
 
-from specserve.bench import hostile, sse
+from specserve.bench import hostile, soak_agents, sse
 from specserve.bench.loadgen import PROMPTS, _pct
 
 OVERSIZED = 5 << 20  # beyond the default --max-request-bytes (4 MiB)
@@ -99,11 +105,15 @@ def bad_request(http: httpx.Client, model: str, kind: str) -> str:
     return "5xx" if r.status_code >= 500 else "4xx" if r.status_code >= 400 else "ok"
 
 
-def fresh_request(url: str, headers: dict, model: str, prompt: str) -> tuple[str, float]:
-    """A fresh client: a new connection, one short chat request; (outcome, its wait)."""
+def fresh_request(url: str, headers: dict, model: str, prompt: str,
+                  address: str | None = None) -> tuple[str, float]:
+    """A fresh client: a new connection (from local `address`, if given), one short chat
+    request; (outcome, its wait)."""
     start = time.monotonic()
+    transport = httpx.HTTPTransport(local_address=address) if address else None
     try:
-        with httpx.Client(base_url=url, headers=headers, timeout=600) as http:
+        with httpx.Client(base_url=url, headers=headers, timeout=600,
+                          transport=transport) as http:
             r = http.post("/v1/chat/completions", json={
                 "model": model, "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": 8})
@@ -142,7 +152,9 @@ def gauge(http: httpx.Client, name: str) -> float:
 def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens: int,
         pid: int | None, seed: int = 0, warmup: float = 0.0, calm: bool = False,
         stall_s: float = 40.0, stall_tokens: int = 400, burst: int = 64, flood: int = 0,
-        flood_tokens: int = 1500, fresh_every: float = 10.0) -> dict:
+        flood_tokens: int = 1500, fresh_every: float = 10.0, agents: int = 2,
+        storm_repeats: int = 2000, fresh_address: str | None = None,
+        grace: float = 300.0) -> dict:
     """The soak; the starting memory is read `warmup` seconds into the run (buffers the first
     requests allocate for good are not growth). `calm`: the well-behaved clients (and the
     probes) only."""
@@ -214,7 +226,8 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
     def fresh_clients() -> None:
         rng = random.Random(seed + 1)
         while time.monotonic() < stop_at:
-            outcome, waited = fresh_request(url, headers, model, rng.choice(PROMPTS))
+            outcome, waited = fresh_request(url, headers, model, rng.choice(PROMPTS),
+                                            fresh_address)
             tally.count("fresh", outcome)
             if outcome == "ok":
                 with tally.lock:
@@ -226,6 +239,23 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
             for outcome in hostile.flood(url, api_key, model, PROMPTS[1], flood, flood,
                                          flood_tokens, stall_s):
                 tally.count("flood", outcome)
+
+    def agent(worker: int):
+        def once(http, turn):
+            wire = soak_agents.WIRES[(worker + turn) % len(soak_agents.WIRES)]
+            outcome = soak_agents.agent_request(http, wire, model,
+                                                PROMPTS[(worker + turn) % len(PROMPTS)],
+                                                max_tokens)
+            tally.count(wire, outcome)
+            if outcome == "429":
+                time.sleep(1.0)
+        return lambda: until_stopped(once)
+
+    def storm(http, turn):
+        outcome = soak_agents.tool_storm(http, model, storm_repeats, stream=turn % 2 == 1)
+        tally.count("storm", outcome)
+        if outcome == "429":
+            time.sleep(1.0)
 
     def sample_after_warmup() -> None:
         time.sleep(min(warmup, duration))
@@ -244,11 +274,15 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
                  raw("half_open", lambda: hostile.half_open(url, stall_s)),
                  lambda: until_stopped(bursting)]
         jobs += [flooding] if flood else []
-    threads = [threading.Thread(target=job) for job in jobs]
+        jobs += [agent(w) for w in range(agents)]
+        jobs += [lambda: until_stopped(storm)] if storm_repeats else []
+    threads = [threading.Thread(target=job, daemon=True) for job in jobs]
     for t in threads:
         t.start()
+    give_up = stop_at + grace  # a client's last request may outlast the run: wait this long
     for t in threads:
-        t.join()
+        t.join(max(0.0, give_up - time.monotonic()))
+    unended = sum(t.is_alive() for t in threads)  # their requests are left open, uncounted
     with httpx.Client(base_url=url, headers=headers, timeout=60) as http:
         idle_by = time.monotonic() + 60
         while time.monotonic() < idle_by and (gauge(http, "vllm:num_requests_running")
@@ -256,9 +290,13 @@ def run(url: str, api_key: str | None, clients: int, duration: float, max_tokens
             time.sleep(0.2)
         kv_blocks = gauge(http, "specserve:kv_cache_blocks_used")
         kv_end = gauge(http, KV_TOUCHED)
-    figures = summary(tally.outcomes, clients, duration, rss["start"], rss_kib(pid), kv_blocks,
+    with tally.lock:
+        outcomes = Counter(tally.outcomes)
+        latencies, health, fresh = (sorted(tally.latencies), sorted(tally.health),
+                                    sorted(tally.fresh))
+    figures = summary(outcomes, clients, duration, rss["start"], rss_kib(pid), kv_blocks,
                       rss["kv_start"], kv_end)
-    latencies, health, fresh = sorted(tally.latencies), sorted(tally.health), sorted(tally.fresh)
+    figures["clients_unended"] = unended
     figures.update(latency_p50_s=_pct(latencies, 50), latency_p99_s=_pct(latencies, 99),
                    health_p99_s=_pct(health, 99),
                    health_worst_s=round(health[-1], 3) if health else None,
@@ -277,7 +315,8 @@ def summary(outcomes: Counter, clients: int, duration: float, rss_start: int | N
     for key, value in outcomes.items():
         by_outcome[key.split(":")[1]] += value
     return {"clients": clients, "duration_s": duration, "served": outcomes["stream:ok"] +
-            outcomes["slow:ok"] + outcomes["burst:ok"] + outcomes["fresh:ok"],
+            outcomes["slow:ok"] + outcomes["burst:ok"] + outcomes["fresh:ok"] +
+            outcomes["responses:ok"] + outcomes["messages:ok"] + outcomes["storm:ok"],
             "answers_4xx": by_outcome["4xx"],
             "answers_429": by_outcome["429"] + by_outcome["refused"],
             "answers_5xx": by_outcome["5xx"], "lost": by_outcome["lost"],
@@ -318,13 +357,23 @@ def main(argv: list[str] | None = None) -> int:
                    help="max_tokens of each stream of the flood")
     p.add_argument("--fresh-every", type=float, default=10.0,
                    help="seconds between fresh clients (a new connection, a short request)")
+    p.add_argument("--agents", type=int, default=2, help="clients streaming requests with a "
+                   "tool on /v1/responses and /v1/messages in turn")
+    p.add_argument("--storm-repeats", type=int, default=2000, help="```{ forced this many "
+                   "times in each choice of the tool-call-shaped output (0: none)")
+    p.add_argument("--fresh-address", default=None, help="local address of the fresh clients "
+                   "(e.g. 127.0.0.2: another user than the others, all from 127.0.0.1)")
+    p.add_argument("--grace", type=float, default=300.0, help="seconds after --duration to "
+                   "wait for the clients' last requests; those still open then are left "
+                   "uncounted (`clients_unended`), and the server is not idle after")
     args = p.parse_args(argv)
     if not args.url.startswith(("http://127.0.0.1", "http://localhost")):
         raise SystemExit("soak: localhost only")
     print(json.dumps(run(args.url, args.api_key, args.clients, args.duration, args.max_tokens,
                          args.pid, args.seed, args.warmup, args.calm, args.stall_s,
                          args.stall_tokens, args.burst, args.flood, args.flood_tokens,
-                         args.fresh_every)))
+                         args.fresh_every, args.agents, args.storm_repeats,
+                         args.fresh_address, args.grace)))
     return 0
 
 

@@ -41,6 +41,10 @@ from specserve.sampling.params import SamplingParams
 
 IDLE_WORK_AFTER_S = 5.0  # idle seconds before an engine's idle work runs (doubling after each)
 IDLE_WORK_MAX_S = 600.0
+# how long one idle-work run may go on: it stops between two timed passes after this (what it
+# measured is then dropped and it runs again later); on a machine loaded by other work the
+# whole of the cost model's timed passes outran the step watchdog (300 s) and killed engines
+IDLE_WORK_BUDGET_S = 30.0
 HOLD_AFTER = 4  # deltas a stream's reader leaves untaken before its request is held
 
 __all__ = ["AsyncEngine", "EngineClosed", "EngineDead", "EngineError"]
@@ -348,7 +352,8 @@ class AsyncEngine:
         """Wait until there is work (True) or the engine stops idle (False). An engine with
         work for an idle moment (`LLMEngine.run_idle_work`) runs it once it has been idle
         `self._idle_after` seconds (times a random 1-2, so that engines started together do
-        not retry together), and waits twice as long before trying again."""
+        not retry together), for `IDLE_WORK_BUDGET_S` at most or until work arrives, and waits
+        twice as long before trying again."""
         while True:
             with self._wake:
                 since = time.monotonic()
@@ -364,7 +369,9 @@ class AsyncEngine:
                 else:
                     return bool(self._inbox or self._busy or not self._stopping
                                 or self.engine.has_unfinished())
-            self._watched(lambda: self.engine.run_idle_work(lambda: bool(self._inbox)))
+            until = time.monotonic() + IDLE_WORK_BUDGET_S
+            self._watched(lambda: self.engine.run_idle_work(
+                lambda: bool(self._inbox) or time.monotonic() > until))
             self._idle_after = min(2 * self._idle_after, IDLE_WORK_MAX_S)
 
     def _deliver(self, delta: RequestDelta) -> None:

@@ -15,10 +15,10 @@ start-up on the machine itself, never by CPU name.
   noise). Where oneDNN is slower at everything, nothing changes and no dense weights are
   made; likewise where other work on the machine disturbed the timed runs (a busy machine's
   timings are noise: measured here at load 12 on 2 cores, they took oneDNN for projections it
-  loses by 1.5x when quiet); `prefill_path="onednn"` forces it. The choice is made once per loaded model: every later engine over the
-  same model in this process takes it as it stands (timings are noisy where two paths are
-  close, and engines over one model, e.g. target-only and speculative, must prefill a prompt
-  through the same path).
+  loses by 1.5x when quiet); `prefill_path="onednn"` forces it. The choice is made once per
+  loaded model: every later engine over the same model in this process takes it as it stands
+  (timings are noisy where two paths are close, and engines over one model, e.g. target-only
+  and speculative, must prefill a prompt through the same path).
 
 The dense weights of the projections chosen (bfloat16, from the file's own dequantization)
 cost 2 bytes per weight beside the int4 ones. Why: docs/design.md, "Prefill on oneDNN".

@@ -354,3 +354,39 @@ def test_timed_passes_that_other_work_disturbed_run_again_when_the_engine_is_idl
         assert out.token_ids == plain.token_ids
     finally:
         engine.shutdown(0)
+
+
+def test_idle_work_stops_at_its_budget_and_measures_nothing(int8_pair, monkeypatch):
+    """Idle work (the cost model's disturbed passes again) ends between two passes once its
+    budget is spent: nothing it measured is used, it stays pending, and the engine lives on
+    (on a loaded machine the whole run outlasted the step watchdog and killed the engine)."""
+    from specserve.clients import async_engine as async_module
+
+    target, draft = int8_pair
+    monkeypatch.setattr(calibration, "CALIBRATION_PATIENCE_S", 0.0)
+    monkeypatch.setattr(calibration, "SETTLED_SHARE", 2.0)  # start-up disturbed: work left
+    monkeypatch.setattr(async_module, "IDLE_WORK_AFTER_S", 0.05)
+    monkeypatch.setattr(async_module, "IDLE_WORK_BUDGET_S", 0.0)
+    stopped = []
+
+    def watched(*args, **kwargs):
+        out = calibrate(*args, **kwargs)
+        if kwargs.get("interrupted") is not None:  # an idle run, not the start-up one
+            stopped.append(kwargs["interrupted"]())
+        return out
+
+    monkeypatch.setattr(calibration, "calibrate", watched)
+    llm = LLM(target, draft=draft, speculative_config=spec(-1, max_k=3), defer_startup=True)
+    engine = llm.async_engine()
+    try:
+        seeded = llm.engine.cost.snapshot()
+        monkeypatch.setattr(calibration, "SETTLED_SHARE", 0.0)  # settled: only the budget stops
+        deadline = time.monotonic() + 30
+        while len(stopped) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(stopped) >= 3 and all(stopped)  # the idle runs, each out of budget
+        assert llm.engine.has_idle_work and llm.engine.cost.snapshot() == seeded
+        assert engine.dead_reason is None
+    finally:
+        engine.shutdown(0)
+
