@@ -27,7 +27,7 @@ from specserve.hub.registry import DEFAULT_TARGET
 from specserve.models.tokenizer import Tokenizer, check_same_vocabulary
 from specserve.sampling.params import SamplingParams, require_bool
 from specserve.speculative.config import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
-from specserve.speculative.controller import build_controller
+from specserve.speculative.sources import build_controller
 
 log = logging.getLogger("specserve.engine")
 MIN_DEFAULT_CONTEXT = 4096  # the default context where the default KV budget is smaller

@@ -31,6 +31,11 @@ def cache_dir() -> Path:
     return base / "specserve"
 
 
+def weights_dir(cache: Path | None = None) -> Path:
+    """Where repacked (quantized) weights are cached: ``<cache>/weights`` (weight_cache.py)."""
+    return (cache if cache is not None else cache_dir()) / "weights"
+
+
 def untrusted(path: Path) -> str | None:
     """Why the cached file or folder at `path` must not be used, or None when it may: it must
     belong to this user and be writable by no one else (group and others could otherwise put

@@ -14,7 +14,8 @@ SCRIPTS = ROOT / "benchmarks" / "scripts"
 # what a benchmark script may import: the facade (`LLM`, `SamplingParams`, ...) and the
 # benchmark's shipped prompts; anything else it needs goes through the CLI or the HTTP API
 PUBLIC = {"specserve", "specserve.bench.workloads", "specserve.bench.request_pool",
-          "specserve.bench.tasks", "specserve.bench.checkers", "specserve.bench.humaneval"}  # the API and the shipped tasks
+          "specserve.bench.tasks", "specserve.bench.checkers", "specserve.bench.humaneval",
+          "specserve.bench.sse"}  # the API, the shipped tasks and the stream reader
 
 # lowest first; a module may import its own floor and the floors below it
 LAYERS = [

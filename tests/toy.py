@@ -121,7 +121,7 @@ def toy_engine(P, Q, k: int, budget: float = 0.0, bonus: bool = True, max_num_se
     from specserve.engine.engine import EngineConfig, LLMEngine
     from specserve.engine.runner import ModelRunner
     from specserve.speculative.config import SpeculativeConfig
-    from specserve.speculative.controller import build_controller
+    from specserve.speculative.sources import build_controller
 
     runner = ModelRunner(BigramModel(P), num_blocks)
     engine_config = EngineConfig(max_num_seqs, max_len, **config)

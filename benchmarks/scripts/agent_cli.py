@@ -39,6 +39,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
+from specserve.bench import sse
+
 # (module function, wrong body, right body, test line): one per run, in turn
 TASKS = [
     ("add", "return a - b", "return a + b", "assert {m}.add(2, 3) == 5"),
@@ -75,6 +77,16 @@ def make_repo(root: Path, index: int) -> tuple[Path, str]:
     return repo, module
 
 
+def _events(text: str):
+    """The JSON objects of a recorded stream's events (`sse.events`), to a torn last line."""
+    try:
+        for event in sse.events(text.splitlines()):
+            if isinstance(event, dict):
+                yield event
+    except ValueError:  # the stream was cut inside an event (its client left)
+        return
+
+
 def summarize(path: str, body: bytes, chunks: list[tuple[float, bytes]], total: float) -> dict:
     """One request's record from its streamed answer (Responses or Messages events)."""
     text = b"".join(c for _, c in chunks).decode("utf-8", "replace")
@@ -87,13 +99,7 @@ def summarize(path: str, body: bytes, chunks: list[tuple[float, bytes]], total: 
         tail = seen[-100:]  # a type split between two chunks
     record = {"path": path, "seconds": round(total, 2), "ttft": ttft and round(ttft, 2),
               "request_bytes": len(body)}
-    for line in text.splitlines():
-        if not line.startswith("data:"):
-            continue
-        try:
-            event = json.loads(line[5:])
-        except ValueError:
-            continue
+    for event in _events(text):
         kind = event.get("type")
         if kind == "response.completed":
             usage = event["response"].get("usage") or {}

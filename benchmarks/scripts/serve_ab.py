@@ -21,7 +21,6 @@ at S finish before the next server's turn, uncounted."""
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import random
 import statistics
@@ -29,7 +28,7 @@ import sys
 import threading
 import time
 
-from specserve.bench import workloads
+from specserve.bench import sse, workloads
 from specserve.bench.request_pool import POOLS, distinct_pool
 
 PROMPTS = ("code_edit", "creative", "summarize", "chat_short")
@@ -87,21 +86,12 @@ def stream(port: int, request: tuple[str, int], args, api_key: str | None,
             "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     if arrivals is not None:
         body["return_token_origins"] = True
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1800)
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"port {port}: HTTP {resp.status}: {resp.read()[:300]!r}")
+    conn, resp = sse.post_stream(port, "/v1/chat/completions", body, api_key)
     ttft, tokens, pieces, stats = None, 0, 0, None
-    for line in resp:
-        line = line.strip()
-        if not line.startswith(b"data:") or line == b"data: [DONE]":
+    for event in sse.events(resp):
+        if event == sse.DONE:
             continue
-        event = json.loads(line[5:])
         for choice in event.get("choices") or []:
             delta = choice.get("delta") or {}
             if delta.get("content") or delta.get("origins"):

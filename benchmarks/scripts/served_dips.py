@@ -17,12 +17,12 @@ batch), which is the machine's speed at that moment.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import statistics
 import threading
 import time
 
+from specserve.bench import sse
 from specserve.bench.request_pool import distinct_pool
 
 PHASES = ("other", "identical4", "creative")
@@ -32,18 +32,13 @@ def stream(port: int, text: str, max_tokens: int, temperature: float, seed: int 
     body = {"model": "qwen2.5-coder-1.5b", "messages": [{"role": "user", "content": text}],
             "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "stream": True,
             "ignore_eos": True, "stream_options": {"include_usage": True}}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=3600)
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                 {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"port {port}: HTTP {resp.status}: {resp.read()[:300]!r}")
+    conn, resp = sse.post_stream(port, "/v1/chat/completions", body, timeout=3600)
     stats = None
-    for line in resp:
-        line = line.strip()
-        if line.startswith(b"data:") and line != b"data: [DONE]":
-            stats = json.loads(line[5:]).get("speculative_stats") or stats
+    for event in sse.events(resp):
+        if event != sse.DONE:
+            stats = event.get("speculative_stats") or stats
+    conn.close()
     return {"e2e": time.perf_counter() - t0, "stats": stats}
 
 

@@ -11,8 +11,8 @@
 - humaneval: the reply's code, with the problem's prompt, tests and `check(entry_point)`
   (`bench/humaneval.py`), runs to its end in the sandbox (`bench/sandbox.py`);
 - code_edit: the module in the reply's first ``` block (else the whole reply) parses, and
-  each of the task's calls, run on it in a separate, isolated Python process with a time
-  limit, gives the expected `repr`; `exact` also records whether the module equals the
+  each of the task's calls, run on it in the sandbox (`bench/sandbox.py`, with a time
+  limit), gives the expected `repr`; `exact` also records whether the module equals the
   reference up to trailing spaces and blank lines at either end.
 """
 
@@ -22,8 +22,6 @@ import ast
 import json
 import math
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
@@ -36,22 +34,21 @@ NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 TIME = re.compile(r"([01]?\d|2[0-3])[:.]([0-5]\d)")
 FENCE = re.compile(r"```[A-Za-z0-9_+-]*[ \t]*\n(.*?)```", re.DOTALL)
 # runs in a fresh `python -I`: exec the module, evaluate each call, print the results' reprs
+# runs in the sandbox after `SOURCE` and `CALLS` are set: the module, then each call
 HARNESS = """
-import json, sys
-job = json.load(sys.stdin)
 ns = {"__name__": "edited"}
-out = []
 try:
-    exec(compile(job["source"], "edited.py", "exec"), ns)
+    exec(compile(SOURCE, "edited.py", "exec"), ns)
 except BaseException as e:
-    print(json.dumps({"error": "module raised " + type(e).__name__}))
-    raise SystemExit(0)
-for call in job["calls"]:
-    try:
-        out.append(repr(eval(call, ns)))
-    except BaseException as e:
-        out.append("raised " + type(e).__name__)
-print(json.dumps({"results": out}))
+    RESULT = {"error": "module raised " + type(e).__name__}
+else:
+    out = []
+    for call in CALLS:
+        try:
+            out.append(repr(eval(call, ns)))
+        except BaseException as e:
+            out.append("raised " + type(e).__name__)
+    RESULT = {"results": out}
 """
 
 
@@ -190,17 +187,15 @@ def normalize_code(code: str) -> str:
 
 
 def run_calls(source: str, calls: list[str]) -> dict:
-    """{"results": [repr per call]} or {"error": why}, from an isolated child interpreter."""
-    job = json.dumps({"source": source, "calls": calls})
-    try:
-        done = subprocess.run([sys.executable, "-I", "-c", HARNESS], input=job, text=True,
-                              capture_output=True, timeout=CALL_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+    """{"results": [repr per call]} or {"error": why}, from the sandbox (`sandbox.py`)."""
+    program = f"SOURCE = {source!r}\nCALLS = {list(calls)!r}\n" + HARNESS
+    run = run_program(program, SandboxLimits(wall_s=CALL_TIMEOUT_S,
+                                             cpu_s=max(1, math.ceil(CALL_TIMEOUT_S))))
+    if run.passed and isinstance(run.value, dict):
+        return run.value
+    if run.reason.startswith("timed out"):
         return {"error": f"timed out after {CALL_TIMEOUT_S:g} s"}
-    try:
-        return json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        return {"error": f"the module crashed the interpreter (exit {done.returncode})"}
+    return {"error": f"the module crashed the interpreter ({run.reason})"}
 
 
 def check_humaneval(reply: str, data: dict,

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from specserve.bench import sse
+
 PROMPTS = (
     "Write a Python function that checks whether a string is a palindrome.",
     "Explain what a hash map is in three sentences.",
@@ -55,10 +57,9 @@ def one_request(http: httpx.Client, model: str, prompt: str, max_tokens: int) ->
         with http.stream("POST", "/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
                 return Record(None, time.perf_counter() - start, 0, f"HTTP {r.status_code}")
-            for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            for chunk in sse.events(r.iter_lines()):
+                if chunk == sse.DONE:
                     continue
-                chunk = json.loads(line[6:])
                 if "error" in chunk:
                     return Record(ttft, time.perf_counter() - start, tokens, chunk["error"]["message"])
                 if ttft is None and any(c.get("delta", {}).get("content") for c in chunk["choices"]):

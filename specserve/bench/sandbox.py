@@ -11,7 +11,8 @@ folder; the guard reads the job from stdin, then, before the program runs:
   sockets, new processes (fork, exec, spawn, subprocess, kill), ctypes, and writing, creating,
   renaming or deleting anything outside the folder.
 The program's stdout and stdin are /dev/null. It passes only if it runs to its end: the
-guard then writes a per-run nonce to its own channel; an exception, `exit()`, a signal (the
+guard then writes a per-run nonce to its own channel (and what the program left in a global
+`RESULT`, as JSON: how a caller gets an answer back); an exception, `exit()`, a signal (the
 CPU limit's SIGXCPU, the wall-clock kill of the whole process group) or `os._exit` leave no
 nonce and fail. The folder is deleted afterwards.
 
@@ -83,12 +84,17 @@ def hook(event, args):
         raise PermissionError("sandbox: " + event + " outside the folder is not allowed")
 sys.addaudithook(hook)
 del job
+scope = {"__name__": "__main__"}
 try:
-    exec(compile(program, "<program>", "exec"), {"__name__": "__main__"})
+    exec(compile(program, "<program>", "exec"), scope)
     verdict = "passed " + nonce
 except BaseException as e:
     verdict = "failed " + type(e).__name__ + ": " + str(e)
-os.write(out, (verdict + "\n" + ",".join(layers)).encode("utf-8", "replace"))
+try:
+    value = json.dumps(scope.get("RESULT"))
+except BaseException:
+    value = "null"
+os.write(out, (verdict + "\n" + ",".join(layers) + "\n" + value).encode("utf-8", "replace"))
 """
 
 
@@ -114,6 +120,7 @@ class RunResult:
     passed: bool
     reason: str  # "ok", or why not (the exception, the signal, the timeout)
     layers: tuple[str, ...] = ()  # kernel containment that applied: "netns" where it did
+    value: object = None  # what the program left in its global `RESULT` (JSON), if it passed
 
 
 def run_program(program: str, limits: SandboxLimits = SandboxLimits()) -> RunResult:
@@ -140,9 +147,13 @@ def run_program(program: str, limits: SandboxLimits = SandboxLimits()) -> RunRes
 
 def _verdict(out: str, nonce: str, returncode: int) -> RunResult:
     first, _, rest = out.partition("\n")
-    layers = tuple(x for x in rest.strip().split(",") if x)
+    line, _, value = rest.partition("\n")
+    layers = tuple(x for x in line.strip().split(",") if x)
     if first == f"passed {nonce}" and returncode == 0:
-        return RunResult(True, "ok", layers)
+        try:
+            return RunResult(True, "ok", layers, json.loads(value) if value else None)
+        except json.JSONDecodeError:
+            return RunResult(False, "its RESULT did not come back whole", layers)
     if first.startswith("failed "):
         return RunResult(False, first[len("failed "):][:REASON_CHARS], layers)
     if returncode < 0:

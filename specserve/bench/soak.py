@@ -46,7 +46,7 @@ from pathlib import Path
 
 import httpx
 
-from specserve.bench import hostile, soak_agents
+from specserve.bench import hostile, soak_agents, sse
 from specserve.bench.loadgen import PROMPTS, _pct
 
 OVERSIZED = 5 << 20  # beyond the default --max-request-bytes (4 MiB)
@@ -80,14 +80,14 @@ def stream_once(http: httpx.Client, model: str, prompt: str, max_tokens: int,
         with http.stream("POST", "/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
                 return "429" if r.status_code == 429 else "5xx" if r.status_code >= 500 else "4xx"
-            for i, line in enumerate(r.iter_lines()):
+            for i, event in enumerate(sse.events(r.iter_lines(), every_line=True)):
                 if leave_after is not None and i >= leave_after:
                     return "left"
-                if line.startswith("data: {") and '"error"' in line:
-                    error = json.loads(line[6:]).get("error", {})
+                if isinstance(event, dict) and "error" in event:
+                    error = event["error"]
                     return "5xx" if error.get("type", "").endswith("server_error") \
                         or error.get("code") in ("engine_dead", "engine_error") else "4xx"
-                if line == "data: [DONE]":
+                if event == sse.DONE:
                     return "ok"
                 time.sleep(pause_s)
     except httpx.HTTPError:

@@ -20,6 +20,8 @@ import json
 
 import httpx
 
+from specserve.bench import sse
+
 STORM_UNIT = "```{"
 STORM_CHOICES = 2
 TOOL = {"name": "read_file", "description": "Read a file of the workspace.",
@@ -55,10 +57,9 @@ def agent_request(http: httpx.Client, wire: str, model: str, prompt: str,
                          json=agent_body(wire, model, prompt, max_tokens)) as r:
             if r.status_code != 200:
                 return _status_word(r.status_code)
-            for line in r.iter_lines():
-                if not line.startswith("data: {"):
+            for event in sse.events(r.iter_lines()):
+                if not isinstance(event, dict):  # a `[DONE]` (not these wires' end)
                     continue
-                event = json.loads(line[6:])
                 kind = event.get("type")
                 if kind in DONE_EVENTS[wire]:
                     return "ok"
@@ -95,17 +96,16 @@ def tool_storm(http: httpx.Client, model: str, repeats: int, stream: bool) -> st
         with http.stream("POST", "/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
                 return _status_word(r.status_code)
-            for line in r.iter_lines():
-                if line == "data: [DONE]":
+            for event in sse.events(r.iter_lines()):
+                if event == sse.DONE:
                     done = True
-                elif line.startswith("data: {"):
-                    event = json.loads(line[6:])
-                    if "error" in event:
-                        return "5xx" if "server_error" in json.dumps(event) else "4xx"
-                    for choice in event["choices"]:
-                        delta = choice["delta"]
-                        texts[choice["index"]] += delta.get("content") or ""
-                        calls += len(delta.get("tool_calls") or [])
+                    continue
+                if "error" in event:
+                    return "5xx" if "server_error" in json.dumps(event) else "4xx"
+                for choice in event["choices"]:
+                    delta = choice["delta"]
+                    texts[choice["index"]] += delta.get("content") or ""
+                    calls += len(delta.get("tool_calls") or [])
         if not done:
             return "lost"
         return "ok" if not calls and texts == [expected] * STORM_CHOICES else "4xx"

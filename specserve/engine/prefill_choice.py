@@ -191,3 +191,12 @@ def describe(choice: PrefillChoice, dense_bytes: int) -> str:
             f"{t.part}@{t.context or t.rows}{'' if not t.context else f'/{t.rows}rows'} "
             f"{t.native_s * 1e3:.2f} vs {t.onednn_s * 1e3:.2f}" for t in choice.timings))
     return "; ".join(lines)
+
+
+def apply(runner, config) -> None:
+    """Choose `runner`'s prefill path for an engine of `config` (`EngineConfig`), take it,
+    and say it in the engine's log."""
+    choice = choose(runner.model, config.prefill_path, config.max_num_batched_tokens,
+                    config.max_model_len, runner.cache.dtype)
+    runner.use_prefill(choice)
+    log.info("specserve: %s", describe(choice, runner.prefill_bytes))

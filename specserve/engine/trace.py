@@ -36,34 +36,22 @@ class StepTrace:
             raise ValueError(f"trace_steps: cannot open {path!r} for writing ({e.strerror or e}"
                              f"{'; it is a symbolic link' if os.path.islink(path) else ''})") \
                 from None
-        self._round: dict = {}
         self._lost = 0  # lines not written since the last log line about them
         self._logged_at: float | None = None
 
-    def round(self, proposals, results, draft_s: float, verify_s: float) -> None:
-        """What the step's round drafted and kept (before it is committed)."""
-        self._round = {"k": [p.k for p in proposals],
-                       "accepted": [r.num_accepted for r in results],
-                       "gained": [len(r.tokens) for r in results],
-                       "draft_s": round(draft_s, 6), "verify_s": round(verify_s, 6)}
-
-    def step(self, engine, plan, start: float) -> None:
+    def step(self, engine, plan, out, start: float) -> None:
+        """A line for the step that ran `plan`'s round `out` (a `rounds.RoundOutput`)."""
         record = {"t": round(start, 6), "step_s": round(time.perf_counter() - start, 6),
                   "B": len(plan.decode), "prefill_tokens": sum(c.num_tokens for c in plan.chunks),
                   "prefill_path": engine.runner.prefill.label(),
                   "running": len(engine.scheduler.running),
-                  "waiting": len(engine.scheduler.waiting), **self._round}
+                  "waiting": len(engine.scheduler.waiting),
+                  "k": [p.k for p in out.proposals],
+                  "accepted": [r.num_accepted for r in out.results],
+                  "gained": [len(r.tokens) for r in out.results],
+                  "draft_s": round(out.draft_s, 6), "verify_s": round(out.verify_s, 6)}
         if engine.spec is not None and plan.decode:
-            name = engine.spec.source_name
-            record["source"] = [_source(s, name) if k else None
-                                for s, k in zip(plan.decode, plan.ks)]
-            record["reason"] = [None if k else s.spec.reason for s, k in zip(plan.decode, plan.ks)]
-            cost = engine.spec.cost
-            steps = max((k for s, k in zip(plan.decode, plan.ks)
-                         if s.spec.source == "draft_model"), default=0)
-            record["predicted_s"] = round(cost.draft_time(steps) + cost.pass_time(
-                len(plan.decode) + sum(plan.ks)), 6)
-        self._round = {}
+            record.update(engine.spec.describe(plan))
         self._write(json.dumps(record) + "\n")
 
     def _write(self, line: str) -> None:
@@ -84,13 +72,6 @@ class StepTrace:
                 log.warning("step trace %s: %d line(s) not written (%s)", self._path,
                             self._lost, e)
                 self._logged_at, self._lost = now, 0
-
-
-def _source(seq, lookup_name: str) -> str:
-    st = seq.spec
-    if st.source == "lookup":
-        return f"grammar+{lookup_name}" if st.forced else lookup_name
-    return st.source
 
 
 def _open(path: str, mode: int):

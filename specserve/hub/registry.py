@@ -150,11 +150,6 @@ def models_dir(cache: Path | None = None) -> Path:
     return (cache if cache is not None else cache_dir()) / "models"
 
 
-def weights_dir(cache: Path | None = None) -> Path:
-    """Where repacked (quantized) weights are cached: ``<cache>/weights`` (weight_cache.py)."""
-    return (cache if cache is not None else cache_dir()) / "weights"
-
-
 def find_source(name: str, catalog: Sequence[ModelSource] = MODELS) -> ModelSource:
     """The catalog entry answering to ``name`` (case-insensitive); ValueError if none does."""
     wanted = name.strip().lower()

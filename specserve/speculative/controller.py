@@ -1,17 +1,21 @@
 """The speculation controller: which source drafts for each sequence, and how many tokens.
 
-One per engine. It owns the drafters (a *lookup* source — suffix drafting or prompt lookup —
-and optionally a draft model), each sequence's draft-length policy, the cost model (seeded by
-timed passes at start-up, then learning from every round) and the acceptance statistics. The
-engine sees a narrow surface:
+One per engine. It owns the method's drafters (`sources.SOURCES`; each implements
+`drafter.Drafter` and declares what it is: free or in-step, forced, needing a grammar's mask
+or the target's hidden states; the controller reads only that), each sequence's draft-length
+policy, the cost model (seeded by timed passes at start-up, then learning from every round)
+and the acceptance statistics. The engine sees a narrow surface:
 
 - `join(seqs, override, tokenizer)` / `release(seq, completed)`: a request's sequences come
   and go (their state lives on the sequence, `seq.spec`; drafters' indexes are created and
   dropped here);
 - `plan(seqs, max_rows)` → k per decoding sequence, before the step is scheduled;
 - `propose(plan)` → the drafts of the scheduled sequences (and the draft model's prefill);
+- `wants_hidden` / `observe_hidden(seqs, starts, hidden)`: a drafter reads the target's
+  hidden states of each pass;
 - `observe(plan, proposals, accepted, old_lens, draft_s, rest_s)`: what the verifier kept and
   what the round cost: drafters roll back, policies and the cost model learn;
+- `describe(plan)`: the plan in words, for the step trace;
 - `startup()`, `idle_work(interrupted)`: the cost model's timed passes.
 
 How a plan is chosen (offers priced by expected tokens per second, one budget of rows for the
@@ -21,44 +25,21 @@ docs/design.md ("The speculation controller"); the rule for one source is in `co
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from functools import partial
 
-from specserve.sampling.grammar import GrammarError
-from specserve.speculative.calibration import Calibration
+from specserve.speculative.budget import LOOKUP, MODEL, Offer, StepBudget, best_prefix
 from specserve.speculative.candidate import NO_CANDIDATE, Candidate
 from specserve.speculative.cost_aware import DEFAULT_MARGIN, CostAwarePolicy
-from specserve.speculative.cost_model import CostModel
-from specserve.speculative.draft_model import DraftModelDrafter
-from specserve.speculative.grammar_drafts import GRAMMAR, ForcedSurvival
 from specserve.speculative.drafter import EMPTY, Proposal
-from specserve.speculative.match_stats import MatchStats, RequestFit
-from specserve.speculative.mtp import MTPDrafter
-from specserve.speculative.ngram import NgramDrafter
+from specserve.speculative.free_drafts import FreeDrafts
+from specserve.speculative.match_stats import RequestFit
 from specserve.speculative.policies import FixedPolicy, make_policy
-from specserve.speculative.suffix import SuffixCache, SuffixDrafter, escaped_view
 
-LOOKUP, MODEL = "lookup", "draft_model"  # the two kinds of source
 MODEL_AFTER_MISSES = 8  # rounds in a row without a lookup offer before a draft model starts
 BACKOFF_AFTER = 4  # idle rounds of a poorly copying sequence before its lookups thin out
 MAX_BACKOFF = 3  # ... to one look per this many rounds + 1
-SLOWDOWN_CAP = 0.25  # a step's drafts leave no sequence's expected rate below 1/1.25 of plain
-PROBE_EVERY = 64  # steps whose budget left a lookup slot out, per probe of one more row
-PROBE_DOWN_EVERY = 16  # steps whose budget took a slot, per probe of one row fewer ...
-SEEN_LATELY = 4.0  # ... of a pass size the cost model has seen less than this lately
 IDLE_REASONS = ("off", "no_room", "no_match", "did_not_pay", "batch_limit", "draft_starting",
                 "backed_off", "probe")
-
-
-@dataclass(slots=True)
-class Offer:
-    """What one sequence could verify this step: `survival` [k] P(first i drafts accepted)."""
-
-    source: str | None = None
-    survival: list[float] = field(default_factory=list)
-    forced: bool = False  # taken whole (a fixed k, a probe), outside the budget
-    reason: str = "no_match"  # why nothing is offered
 
 
 @dataclass(slots=True)
@@ -80,27 +61,19 @@ class SeqSpeculation:
 
 
 class SpeculationController:
-    def __init__(self, config, cost, lookup=None, model=None, source_name: str = "suffix",
-                 max_model_len: int = 1 << 30, calibration=None, head=None,
-                 model_name: str = MODEL) -> None:
-        """`config`: the engine's SpeculativeConfig; `cost`: its CostModel; `lookup`: a
-        lookup drafter (`candidate(seq, limit)`, `finish(seq, keep)`); `model`: a draft-model
-        drafter (see `drafter.Drafter`) or None; `source_name` names the lookup in metrics;
-        `calibration`: `calibration.Calibration` of the cost model (None: not timed);
-        `head`: a function that restricts the draft model's head at start-up (or None);
-        `model_name` names the model source in metrics (`draft_model`, `mtp`)."""
-        self.config, self.cost, self.lookup, self.model = config, cost, lookup, model
-        self.source_name, self.max_model_len = source_name, max_model_len
-        self.calibration, self._head, self.model_name = calibration, head, model_name
-        self.stats = MatchStats()
-        self.forced_survival = ForcedSurvival()
-        self.probe_every = PROBE_EVERY  # (see docs/design.md, probes)
-        self.probe_down_every = PROBE_DOWN_EVERY
-        self._left_out = 0  # steps since the last probe whose budget left a lookup slot out
-        self._took = 0  # steps since the last downward probe whose budget took a slot
-        self.probes = 0  # probes taken
-        self.probes_down = 0  # ... and downward probes
-        self._plain_probe = False  # this step's plan is a plain probe
+    def __init__(self, config, cost, drafters=(), max_model_len: int = 1 << 30,
+                 calibration=None) -> None:
+        """`config`: the engine's SpeculativeConfig; `cost`: its CostModel; `drafters`: the
+        method's drafters (`sources.SOURCES`), read by their declared capabilities
+        (`drafter.Drafter`): a forced free drafter (a grammar's), a lookup (another free
+        one) and an in-step one (a draft model), each optional; `calibration`:
+        `calibration.Calibration` of the cost model (None: not timed)."""
+        self.config, self.cost, self.drafters = config, cost, list(drafters)
+        self.free = FreeDrafts(self.drafters)
+        self.lookup, self.stats = self.free.lookup, self.free.stats
+        self.model = next((d for d in self.drafters if d.in_step), None)
+        self.max_model_len, self.calibration = max_model_len, calibration
+        self.budget = StepBudget()  # the step's rows, and the probes
         self._draft_prefilled = False  # the draft model prefilled in this step's propose
 
     @property
@@ -120,9 +93,8 @@ class SpeculationController:
 
     @property
     def kv_touched_bytes(self) -> int:
-        """Bytes of the draft model's KV pool ever taken (0 without one)."""
-        model = self.model
-        return model.blocks.high_water * model.runner.block_bytes if model is not None else 0
+        """Bytes of the drafters' KV pools ever taken."""
+        return sum(d.kv_touched_bytes for d in self.drafters)
 
     @staticmethod
     def state(seq) -> SeqSpeculation:
@@ -132,19 +104,16 @@ class SpeculationController:
     # ------------------------------------------------------------------ lifecycle
     def join(self, seqs: list, override=None, tokenizer=None) -> None:
         """A request's sequences join (`override`: its SpeculationOverride, or None); the
-        lookup indexes other renderings of the prompt (`tokenizer` given: the prompt escaped
-        as a JSON string, `suffix.escaped_view`)."""
-        view = escaped_view(tokenizer, seqs[0].prompt_ids) if (
-            tokenizer is not None and hasattr(self.lookup, "add_view")) else None
+        drafters index what they want of them (`tokenizer`: other renderings of the prompt)."""
         config, k = self.config, self.config.num_speculative_tokens
         name = config.policy_name
         if override is not None and override.num_speculative_tokens is not None:
             k = override.num_speculative_tokens
             name = "cost_aware" if k == -1 else "fixed"
         enabled = override is None or override.enabled
+        for drafter in self.drafters:
+            drafter.join(seqs, tokenizer)
         for seq in seqs:
-            if view:
-                self.lookup.add_view(seq, view)
             policy = None
             if self.model is not None:
                 policy = make_policy(name, k, self.cost, max_k=config.max_k) if enabled \
@@ -152,30 +121,26 @@ class SpeculationController:
             seq.spec = SeqSpeculation(enabled and k != 0, k if name == "fixed" else None, policy)
 
     def release(self, seq, completed: bool) -> None:
-        """The sequence left; a completed output joins the lookup's shared cache."""
-        if self.model is not None:
-            self.model.finish(seq)
-        if self.lookup is not None:
-            self.lookup.finish(seq, keep=completed)
+        """The sequence left; a completed output may join a drafter's shared cache."""
+        for drafter in reversed(self.drafters):  # (the draft model first, as before)
+            drafter.finish(seq, keep=completed)
 
     def reset_prefix_cache(self) -> None:
-        """Forget the draft model's cached prefix blocks that no sequence holds."""
-        if self.model is not None:
-            self.model.blocks.reset_prefix_cache()
+        """Forget the drafters' cached prefix blocks that no sequence holds."""
+        for drafter in self.drafters:
+            drafter.reset_prefix_cache()
 
     def clear_cache(self) -> None:
-        """Forget the earlier requests' outputs the lookup keeps (if it keeps any)."""
-        cache = getattr(self.lookup, "cache", None)
-        if cache is not None:
-            cache.clear()
+        """Forget the earlier requests' outputs the drafters keep (if they keep any)."""
+        for drafter in self.drafters:
+            drafter.clear()
 
     # ------------------------------------------------------------------ start-up, idle
     def startup(self) -> None:
-        """The draft's restricted head, then the cost model's timed passes (on the thread
-        that steps the engine)."""
-        if self._head is not None:
-            self._head()
-            self._head = None
+        """The drafters' start-up work (a draft's restricted head), then the cost model's
+        timed passes (on the thread that steps the engine)."""
+        for drafter in self.drafters:
+            drafter.startup()
         if self.calibration is not None:
             self.calibration.run()
 
@@ -209,13 +174,12 @@ class SpeculationController:
                 offer = self._offer(seq, st)
             st.reason = offer.reason
             offers.append(offer)
-        self._plain_probe = False
-        ks = self._within_budget(offers, len(seqs), max_rows)
+        ks = self.budget.choose(offers, len(seqs), self.cost, max_rows)
         for seq, offer, k in zip(seqs, offers, ks):
             st = seq.spec
             st.source = offer.source if k else None
             if not k and offer.source is not None:
-                st.reason = "probe" if self._plain_probe else "did_not_pay"
+                st.reason = "probe" if self.budget.plain_probe else "did_not_pay"
             self._back_off(seq, st, k, len(seqs))
         return {seq.seq_id: k for seq, k in zip(seqs, ks)}
 
@@ -255,14 +219,14 @@ class SpeculationController:
             return self._model_offer(seq, st, room) if self.model is not None else lookup
         if self.model is not None:
             plain = (1.0 + DEFAULT_MARGIN) / max(self.cost.step_time(0), 1e-12)
-            lookup_rate = self._best_prefix(lookup.survival, LOOKUP)[1]
+            lookup_rate = best_prefix(lookup.survival, LOOKUP, self.cost)[1]
             st.lookup_misses = st.lookup_misses + 1 if lookup_rate <= plain else 0
             patient = self.lookup is not None and st.fixed_k is None
             if lookup_rate <= plain and (not patient or st.lookup_misses >= MODEL_AFTER_MISSES
                                          or self.model.started(seq)):
                 # the free source would not pay (and has not for a while): the draft model
                 model = self._model_offer(seq, st, room)
-                model_rate = self._best_prefix(model.survival, MODEL)[1]
+                model_rate = best_prefix(model.survival, MODEL, self.cost)[1]
                 if model.forced or (model.survival and model_rate > max(plain, lookup_rate)):
                     return model
                 if not lookup.survival:
@@ -270,35 +234,12 @@ class SpeculationController:
         return lookup
 
     def _lookup_offer(self, seq, st: SeqSpeculation, room: int) -> Offer:
-        """The free sources' offer: what a grammar forces next, then the lookup's candidate
-        continuing after it (cut where the grammar would refuse it)."""
-        limit = room if st.fixed_k is None else min(room, st.fixed_k)
-        grammar = seq.grammar
-        try:
-            st.forced = grammar.forced(limit) if grammar is not None and \
-                self.config.grammar_drafts else []
-            cand = NO_CANDIDATE
-            if self.lookup is not None and limit > len(st.forced):
-                cand = self.lookup.candidate(seq, limit - len(st.forced), st.forced)
-                if grammar is not None and cand.tokens:
-                    legal = grammar.legal_prefix(st.forced + cand.tokens) - len(st.forced)
-                    cand = Candidate(cand.tokens[:legal], cand.confidence[:legal],
-                                     cand.match_len, cand.from_cache) \
-                        if legal > 0 else NO_CANDIDATE
-        except GrammarError:  # its grammar cannot go on: the round fails that sequence alone
-            st.forced, cand = [], NO_CANDIDATE
-        st.candidate = cand
-        n = len(st.forced) + len(cand.tokens)
+        """The free drafters' offer (`free_drafts.py`)."""
+        n = self.free.find(seq, st, room if st.fixed_k is None else min(room, st.fixed_k))
         if not n:
             return Offer(reason="no_match")
-        if st.fixed_k is not None:
-            return Offer(LOOKUP, [1.0] * n, reason="")
-        survival = self.forced_survival.survival(len(st.forced))
-        reach = survival[-1] if survival else 1.0
-        if cand.tokens:
-            survival += [reach * p for p in self.stats.survival(
-                cand.confidence, cand.match_len, cand.from_cache, st.fit)]
-        return Offer(LOOKUP, survival, reason="")
+        fixed = st.fixed_k is not None
+        return Offer(LOOKUP, [1.0] * n if fixed else self.free.survival(st), reason="")
 
     def _model_offer(self, seq, st: SeqSpeculation, room: int) -> Offer:
         model, policy = self.model, st.policy
@@ -322,110 +263,20 @@ class SpeculationController:
             survival.append(reach)
         return Offer(MODEL, survival, reason="")
 
-    def _best_prefix(self, survival: list[float], source: str) -> tuple[int, float]:
-        """(j, rate): the prefix length of `survival` with the most expected tokens per
-        second at this step's batch size, and that rate (0 when there is nothing)."""
-        best, best_rate, expected = 0, 0.0, 1.0
-        for j, s in enumerate(survival, 1):
-            expected += s
-            seconds = self.cost.step_time(j) if source == MODEL else \
-                self.cost.pass_time(self.cost.batch_size * (j + 1))
-            rate = expected / max(seconds, 1e-12)
-            if rate > best_rate:
-                best, best_rate = j, rate
-        return best, best_rate
-
-    def _within_budget(self, offers: list[Offer], batch: int, max_rows: int | None = None
-                       ) -> list[int]:
-        """Per offer, how many of its slots the step verifies (see the module doc, step 2):
-        the prefix of the slots by survival with the most expected tokens per second, kept
-        only if what it adds (tokens over seconds) beats the rate without it by the margin;
-        and no more than `max_rows` slots of the budget's."""
-        forced = [len(o.survival) if o.forced else 0 for o in offers]  # taken whatever it costs
-        counts = list(forced)
-        gains = [1.0 + (sum(o.survival) if o.forced else 0.0) for o in offers]  # E per sequence
-        value = sum(gains)
-        slots = sorted((-s, pos, i) for i, o in enumerate(offers) if not o.forced
-                       for pos, s in enumerate(o.survival))
-        if max_rows is not None:
-            slots = slots[:max_rows]
-        base_value, base_time = value, self._step_seconds(offers, counts, batch)
-        chosen, best_rate = list(counts), base_value / base_time
-        # the most any sequence's expected tokens can reach: once a prefix of the slots is
-        # slower than the cap allows for it, every longer prefix is too where a pass over
-        # more rows never costs less (a calibrated cost model), so the search stops there
-        fair_bound = (1.0 + SLOWDOWN_CAP) * base_time * min(
-            (g + sum(o.survival) * (not o.forced) for g, o in zip(gains, offers)), default=1.0
-        ) if self.cost.seeded else math.inf
-        for neg_s, pos, i in slots:
-            assert counts[i] == pos, "slots of one sequence are taken in order"
-            counts[i] += 1
-            value -= neg_s
-            gains[i] -= neg_s
-            seconds = self._step_seconds(offers, counts, batch)
-            if seconds > fair_bound:
-                break
-            rate = value / seconds
-            added = (value - base_value) / max(seconds - base_time, 1e-12)
-            fair = seconds <= (1.0 + SLOWDOWN_CAP) * base_time * min(gains, default=1.0)
-            if (rate > best_rate and fair
-                    and added > (1.0 + DEFAULT_MARGIN) * base_value / base_time):
-                best_rate, chosen = rate, list(counts)
-        return self._probe(offers, forced, chosen, slots, batch)
-
-    def _probe(self, offers: list[Offer], forced: list[int], chosen: list[int], slots: list,
-               batch: int) -> list[int]:
-        """`chosen`, plus one more lookup slot once every `probe_every` steps that left one
-        out: the likeliest slot next in line for its sequence; or, once every
-        `probe_down_every` steps that took one, less: in a batch whose plain pass was not
-        timed lately, every slot not `forced` (the plain pass); else the least likely slot
-        taken, where a pass that much smaller was not timed lately (see the module doc,
-        step 3)."""
-        left_out = [(neg_s, i) for neg_s, pos, i in slots
-                    if pos == chosen[i] and offers[i].source == LOOKUP]
-        if left_out or any(o.reason == "backed_off" for o in offers):  # (left out unlooked)
-            self._left_out += 1
-            if left_out and self._left_out >= self.probe_every:
-                self._left_out = 0
-                self.probes += 1
-                chosen = list(chosen)
-                chosen[min(left_out)[1]] += 1
-                return chosen
-        taken = [(neg_s, i) for neg_s, pos, i in slots if pos == chosen[i] - 1]
-        if taken:
-            self._took += 1
-            if self._took >= self.probe_down_every:
-                if batch > 1 and self.cost.seen(batch + sum(forced)) < SEEN_LATELY:
-                    # the pass every choice is priced against: in a batch, rows cost what
-                    # their contexts make them cost, and drafting steps show larger passes
-                    self._took = 0
-                    self.probes_down += 1
-                    self._plain_probe = True
-                    return list(forced)
-                if self.cost.seen(batch + sum(chosen) - 1) < SEEN_LATELY:
-                    self._took = 0
-                    self.probes_down += 1
-                    chosen = list(chosen)
-                    chosen[max(taken)[1]] -= 1
-        return chosen
-
-    def _step_seconds(self, offers: list[Offer], counts: list[int], batch: int) -> float:
-        steps = max((c for o, c in zip(offers, counts) if o.source == MODEL), default=0)
-        seconds = self.cost.draft_time(steps) + self.cost.pass_time(batch + sum(counts))
-        return max(seconds, 1e-12)
-
     # ------------------------------------------------------------------ the round
     @property
     def wants_hidden(self) -> bool:
-        """Whether a source drafts from the target's hidden states (`observe_hidden`)."""
-        return self.model is not None and hasattr(self.model, "observe")
+        """Whether a drafter drafts from the target's hidden states (`observe_hidden`)."""
+        return any(d.needs_hidden for d in self.drafters)
 
     def observe_hidden(self, seqs: list, starts: list[int], hidden: list) -> None:
         """The target's final hidden states of a pass: `hidden[i]` `[rows, hidden]` of
         `seqs[i]` from position `starts[i]` on (decode rows and prefill chunks alike)."""
-        for seq, start, h in zip(seqs, starts, hidden):
-            if self.model.started(seq):
-                self.model.observe(seq, start, h)
+        for drafter in self.drafters:
+            if drafter.needs_hidden:
+                for seq, start, h in zip(seqs, starts, hidden):
+                    if drafter.started(seq):
+                        drafter.observe(seq, start, h)
 
     def propose(self, plan) -> list[Proposal]:
         """The drafts of the step's decoding sequences (`plan.decode`, `plan.ks`: the
@@ -435,7 +286,7 @@ class SpeculationController:
         model = self.model
         if model is not None:
             for seq in plan.preempted:
-                model.finish(seq)
+                model.finish(seq, keep=False)
                 seq.spec.model_idle = False
             for seq in plan.admitted:
                 model.start(seq)
@@ -477,68 +328,33 @@ class SpeculationController:
         for seq, prop, n, old_len in zip(seqs, proposals, accepted, old_lens):
             self._commit(seq, prop, n, old_len)
 
+    def describe(self, plan) -> dict:
+        """The step's plan in words (for the step trace): per decoding sequence the source
+        that drafted (None: none) and why it drafted nothing (None: it drafted), and the
+        cost model's prediction of the step's seconds."""
+        seqs, ks = plan.decode, plan.ks
+        steps = max((k for s, k in zip(seqs, ks) if s.spec.source == MODEL), default=0)
+        predicted = self.cost.draft_time(steps) + self.cost.pass_time(len(seqs) + sum(ks))
+        return {"source": [self._source_name(s.spec) if k else None for s, k in zip(seqs, ks)],
+                "reason": [None if k else s.spec.reason for s, k in zip(seqs, ks)],
+                "predicted_s": round(predicted, 6)}
+
+    def _source_name(self, st: SeqSpeculation) -> str | None:
+        if st.source == MODEL:
+            return self.model.name
+        return self.free.name(st) if st.source == LOOKUP else st.source
+
     def _commit(self, seq, proposal: Proposal, num_accepted: int, old_len: int) -> None:
         st = seq.spec
         k = proposal.k
         if self.model is not None:
             self.model.commit(seq, num_accepted, old_len)
         if k and st.source == LOOKUP:
-            self._learn_lookup(seq, st, k, num_accepted)
+            self.free.learn(seq, st, k, num_accepted)
         elif k and st.source == MODEL:
-            seq.metrics.record_source(self.model_name, k, num_accepted, st.reason)
+            seq.metrics.record_source(self.model.name, k, num_accepted, st.reason)
         else:
             seq.metrics.record_source(None, 0, 0, st.reason)
         if st.policy is not None:
             st.policy.observe(k if st.source == MODEL else 0, num_accepted)
         st.model_idle = not (k and st.source == MODEL)
-
-    def _learn_lookup(self, seq, st: SeqSpeculation, k: int, num_accepted: int) -> None:
-        """A free-source round: its grammar-forced drafts first, then the lookup's; each
-        part is learned from (and counted) only where the verifier reached it."""
-        forced = min(len(st.forced), k)
-        if forced:
-            kept = min(num_accepted, forced)
-            self.forced_survival.observe(forced, kept)
-            seq.metrics.record_source(GRAMMAR, forced, kept, st.reason)
-        rest, reached = k - forced, num_accepted >= forced
-        if rest and reached:
-            cand = st.candidate
-            self.stats.observe(cand.confidence[:rest], cand.match_len, cand.from_cache,
-                               num_accepted - forced, st.fit)
-            seq.metrics.record_source(self.source_name, rest, num_accepted - forced, st.reason)
-
-
-def build_controller(config, draft_runner=None, target_vocab: int = 0,
-                     max_prefill_tokens: int = 256, max_model_len: int = 1 << 30,
-                     prefix_caching: bool = True, runner=None,
-                     head_keep: list[int] | None = None) -> SpeculationController:
-    """The controller a SpeculativeConfig asks for: its lookup source (suffix drafting with
-    the shared cache of earlier outputs for `hybrid` and `suffix`, prompt lookup for
-    `ngram`) and its draft model (for `draft_model`, and `hybrid` with a model), which
-    drafts through `draft_runner` with a block manager of its own. `runner` (the target's):
-    the cost-aware policy's timed passes run on it at start-up; `head_keep` (None: the head is
-    left whole): the draft tokens a restricted draft head keeps beside the frequent ones (its
-    special tokens), where the config restricts it."""
-    lookup, name = None, "suffix"
-    if config.method == "ngram":
-        lookup, name = NgramDrafter(config.prompt_lookup_max, config.prompt_lookup_min), "ngram"
-    elif config.method in ("hybrid", "suffix"):
-        cache = SuffixCache(config.suffix_cache_tokens) if config.suffix_cache_tokens else None
-        lookup = SuffixDrafter(cache, max_draft=config.max_k)
-    model = head = None
-    if config.method == "mtp":
-        model = MTPDrafter.of(runner)
-    if config.uses_draft_model:
-        model = DraftModelDrafter(draft_runner, draft_runner.block_manager(prefix_caching),
-                                  target_vocab, max_prefill_tokens=max_prefill_tokens,
-                                  prefill_window=config.prefill_window)
-        if config.draft_vocab_size is not None and head_keep is not None:
-            head = partial(model.restrict_head, config.draft_vocab_size, list(head_keep))
-    cost = CostModel()
-    cap = config.max_k if config.num_speculative_tokens == -1 else config.num_speculative_tokens
-    calibration = None
-    if runner is not None and config.policy_name == "cost_aware" and cap > 0:
-        calibration = Calibration(cost, runner, draft_runner if model is not None else None, cap)
-    return SpeculationController(config, cost, lookup, model, name, max_model_len,
-                                 calibration, head, model_name=config.method
-                                 if config.method == "mtp" else MODEL)

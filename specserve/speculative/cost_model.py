@@ -61,7 +61,7 @@ class CostModel:
 
     A calibration taken while other work shared the cores can over-price every row beyond
     the first, and then no draft is verified, no larger pass is seen, and nothing corrects
-    it: the controller's probes (`controller.PROBE_EVERY`) time a pass one row larger now
+    it: the controller's probes (`budget.PROBE_EVERY`) time a pass one row larger now
     and then, and a size never observed takes the correction of the nearest observed size
     below it when that one proved cheaper than calibrated (never dearer: a size priced too
     high is never run and never corrected, one priced too low is run, seen and corrected).

@@ -22,7 +22,7 @@ from specserve.sampling.processors import (argmax_rows, greedy_scores, needs_his
                                            processed_probs)
 from specserve.sampling.rejection import sample_from
 from specserve.speculative.draft_head import restricted_head
-from specserve.speculative.drafter import EMPTY, DraftSequence, Proposal
+from specserve.speculative.drafter import EMPTY, BuildContext, DraftSequence, Drafter, Proposal
 
 DEFAULT_MAX_CATCHUP = 4  # newest unseen tokens fed before drafting; older ones are skipped
 DEFAULT_MAX_PREFILL_TOKENS = 256  # draft prefill positions per call
@@ -82,11 +82,16 @@ class _DraftSeq:
         return self.seen - self.skipped
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
+    """`restrict`: (keep, extra) for `restrict_head` at start-up (None: the head is whole)."""
+
+    name, in_step = "draft_model", True
+
     def __init__(self, runner: PassRunner, blocks: DraftBlocks, target_vocab: int,
                  max_catchup: int | None = DEFAULT_MAX_CATCHUP,
                  max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
-                 prefill_window: int | None = DEFAULT_PREFILL_WINDOW) -> None:
+                 prefill_window: int | None = DEFAULT_PREFILL_WINDOW,
+                 restrict: tuple[int, list[int]] | None = None) -> None:
         if max_catchup is not None and max_catchup < 2:
             raise ValueError(f"max_catchup must be >= 2 or None (unbounded), got {max_catchup}")
         if max_prefill_tokens < 1:
@@ -103,6 +108,33 @@ class DraftModelDrafter:
         self._promised = 0  # prefill positions of fresh tails promised to the next `propose`
         self.prefix_hit_tokens = 0  # positions taken from the draft's prefix cache
         self.num_started = 0  # sequences whose draft was started (`activate`)
+        self._restrict = restrict
+
+    def startup(self) -> None:
+        """The restricted head, if asked for (before the first pass)."""
+        if self._restrict is not None:
+            self.restrict_head(*self._restrict)
+            self._restrict = None
+
+    def reset_prefix_cache(self) -> None:
+        self.blocks.reset_prefix_cache()
+
+    @property
+    def kv_touched_bytes(self) -> int:
+        return self.blocks.high_water * self.runner.block_bytes
+
+    @classmethod
+    def build(cls, config, ctx: BuildContext) -> DraftModelDrafter | None:
+        """Where the config names a draft model: drafting through `ctx.draft_runner` with a
+        block manager of its own (its head restricted at start-up where the config asks)."""
+        if not config.uses_draft_model:
+            return None
+        restrict = (config.draft_vocab_size, list(ctx.head_keep)) \
+            if config.draft_vocab_size is not None and ctx.head_keep is not None else None
+        runner = ctx.draft_runner
+        return cls(runner, runner.block_manager(ctx.prefix_caching), ctx.target_vocab,
+                   max_prefill_tokens=ctx.max_prefill_tokens,
+                   prefill_window=config.prefill_window, restrict=restrict)
 
     def restrict_head(self, keep: int, extra: list[int]) -> None:
         """Score only the draft's `keep` most frequent ids and `extra` (`restricted_head`):
@@ -147,7 +179,7 @@ class DraftModelDrafter:
         else:
             self._check_caught_up(seq, state)
 
-    def finish(self, seq: DraftSequence) -> None:
+    def finish(self, seq: DraftSequence, keep: bool = True) -> None:
         state = self._seqs.pop(seq.seq_id, None)
         if state is not None and state.table is not None:
             self.blocks.free(state.table)

@@ -9,8 +9,8 @@ own output back with the drafted token. Draft rows write the head's KV cache pas
 the head's states instead of the target's, so after verification they are forgotten by
 arithmetic, `fed = min(fed, old_len - 1)`, and recomputed from the target's states next round.
 
-It follows the `Drafter` protocol (`drafter.py`); as every drafter, it changes only how many
-drafts are accepted, never the output: the verifier judges each draft against the
+It implements the `Drafter` interface (`drafter.py`); as every drafter, it changes only how
+many drafts are accepted, never the output: the verifier judges each draft against the
 distribution it was sampled from (`draft_probs`, or one-hot for greedy drafts).
 """
 
@@ -23,7 +23,7 @@ from specserve.sampling.processors import (argmax_rows, greedy_scores, needs_his
                                            processed_probs)
 from specserve.sampling.rejection import sample_from
 from specserve.speculative.draft_model import DraftBlocks
-from specserve.speculative.drafter import EMPTY, DraftSequence, Proposal
+from specserve.speculative.drafter import EMPTY, BuildContext, DraftSequence, Drafter, Proposal
 
 
 class _MTPSeq:
@@ -35,10 +35,12 @@ class _MTPSeq:
         self.hidden: dict[int, torch.Tensor] = {}  # position → the target's h_p [hidden]
 
 
-class MTPDrafter:
+class MTPDrafter(Drafter):
     """Drafts from `model.mtp` (a `HybridModel` whose checkpoint has an MTP head) over `pool`
     (`model.mtp.new_pool(...)`), whose blocks `blocks` hands out (a block manager without
     prefix caching, owned by this drafter)."""
+
+    name, in_step, needs_hidden = "mtp", True, True
 
     def __init__(self, model, pool, blocks: DraftBlocks) -> None:
         if getattr(model, "mtp", None) is None:
@@ -46,6 +48,10 @@ class MTPDrafter:
                              "checkpoint carries no mtp.* tensors)")
         self.model, self.head, self.pool, self.blocks = model, model.mtp, pool, blocks
         self._seqs: dict[int, _MTPSeq] = {}
+
+    @classmethod
+    def build(cls, config, ctx: BuildContext) -> MTPDrafter:
+        return cls.of(ctx.runner)
 
     @staticmethod
     def of(runner) -> "MTPDrafter":
@@ -79,6 +85,9 @@ class MTPDrafter:
     def pending(self) -> bool:
         return False
 
+    def reset_prefix_cache(self) -> None:
+        self.blocks.reset_prefix_cache()
+
     def ready(self, seq: DraftSequence) -> bool:
         """Whether the target's states of every position the head must catch up on are here."""
         st = self._seqs.get(seq.seq_id)
@@ -99,7 +108,7 @@ class MTPDrafter:
         st.fed = min(st.fed, old_len - 1)
         st.hidden = {p: h for p, h in st.hidden.items() if st.fed <= p < len(seq.token_ids)}
 
-    def finish(self, seq: DraftSequence) -> None:
+    def finish(self, seq: DraftSequence, keep: bool = True) -> None:
         st = self._seqs.pop(seq.seq_id, None)
         if st is not None:
             self.blocks.free(st.table)

@@ -22,7 +22,7 @@ from collections.abc import Sequence as TokenSequence
 import numpy as np
 
 from specserve.speculative.candidate import NO_CANDIDATE, Candidate, TokenBuffer
-from specserve.speculative.drafter import DraftSequence
+from specserve.speculative.drafter import BuildContext, DraftSequence, Drafter
 
 
 def find_ngram_draft(
@@ -81,17 +81,23 @@ def _check_lookup_bounds(max_n: int, min_n: int) -> None:
         )
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """The `ngram` method: prompt lookup over each sequence's prompt + output, as a lookup
     source of the speculation controller (`candidate`; every position's confidence is 1:
     one occurrence, no vote). The only per-sequence state is a token buffer that saves
     re-converting the whole sequence every round, dropped by `finish`."""
+
+    name = "ngram"
 
     def __init__(self, prompt_lookup_max: int = 4, prompt_lookup_min: int = 1) -> None:
         _check_lookup_bounds(prompt_lookup_max, prompt_lookup_min)
         self.prompt_lookup_max = prompt_lookup_max
         self.prompt_lookup_min = prompt_lookup_min
         self._buffers: dict[int, TokenBuffer] = {}
+
+    @classmethod
+    def build(cls, config, ctx: BuildContext) -> NgramDrafter:
+        return cls(config.prompt_lookup_max, config.prompt_lookup_min)
 
     def candidate(self, seq: DraftSequence, limit: int, extra: list[int] = ()) -> Candidate:
         """Up to `limit` tokens that followed the last earlier copy of the context's end (the

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from specserve.speculative.candidate import NO_CANDIDATE, Candidate, TokenBuffer
+from specserve.speculative.drafter import BuildContext, Drafter
 
 DEFAULT_MAX_MATCH = 32  # longest context suffix matched (longer matches are not told apart)
 DEFAULT_MAX_DRAFT = 16  # longest draft proposed
@@ -203,12 +204,14 @@ def escaped_view(tokenizer, prompt_ids: list[int]) -> list[int] | None:
     return tokenizer.encode(escaped, parse_special=False)
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     """Per-sequence token buffers plus the shared `SuffixCache` (None: this request only).
 
     `candidate(seq)` is the voted draft for the sequence's current context; the engine's
     controller decides how much of it to verify. `finish(seq)` gives the sequence's output to
     the shared cache."""
+
+    name = "suffix"
 
     def __init__(self, cache: SuffixCache | None = None, max_match: int = DEFAULT_MAX_MATCH,
                  max_draft: int = DEFAULT_MAX_DRAFT,
@@ -223,6 +226,23 @@ class SuffixDrafter:
         self.min_confidence, self.min_match = min_confidence, min_match
         self._buffers: dict[int, TokenBuffer] = {}
         self._views: dict[int, SuffixCache] = {}  # seq id → its prompt's views
+
+    @classmethod
+    def build(cls, config, ctx: BuildContext) -> SuffixDrafter:
+        """With the shared cache of earlier outputs where `suffix_cache_tokens` keeps any."""
+        cache = SuffixCache(config.suffix_cache_tokens) if config.suffix_cache_tokens else None
+        return cls(cache, max_draft=config.max_k)
+
+    def join(self, seqs: list, tokenizer=None) -> None:
+        """A request's sequences may copy its prompt escaped as a JSON string
+        (`escaped_view`, with `tokenizer`)."""
+        view = escaped_view(tokenizer, seqs[0].prompt_ids) if tokenizer is not None else None
+        for seq in seqs if view else ():
+            self.add_view(seq, view)
+
+    def clear(self) -> None:
+        if self.cache is not None:
+            self.cache.clear()
 
     def add_view(self, seq, tokens: list[int]) -> None:
         """Another rendering of the sequence's prompt that its output may copy."""

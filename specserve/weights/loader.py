@@ -60,7 +60,7 @@ from specserve.weights.quant import (FORMATS, FOUR_BIT_SOURCE_MAX, KIND_R8, LANE
                                     native_weights_from_tensors, native_weights_to_tensors,
                                     projection_width, quantize_layer, quantize_linear,
                                     quantize_linears, quantize_native, super_block)
-from specserve.hub.registry import weights_dir
+from specserve.paths import weights_dir
 from specserve.hub.resolver import resolve_model
 from specserve.models.transformer import Layer, Transformer
 

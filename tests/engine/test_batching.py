@@ -120,14 +120,14 @@ def test_a_kv_budget_too_small_for_all_preempts_and_every_request_completes_exac
     # 20 blocks of 16 positions: room for the longest sequence (max_model_len 256 + drafts)
     # but not for 12 requests of ~60 positions each at once
     llm = make_llm(models, spec_name, kv_cache_memory=20 * 16 * per_token)
-    assert llm.engine.kv_blocks_total == 20
+    assert llm.engine.stats().kv_blocks_total == 20
     params = [greedy(30 + i % 7) for i in range(12)]
     batched = run(llm.engine, [(0, p, params[i]) for i, p in enumerate(prompts(12))])
     assert len(batched) == 12
-    assert llm.engine.preemptions > 0
+    assert llm.engine.stats().preemptions > 0
     for i, prompt in enumerate(prompts(12)):
         assert batched[i] == alone(models, spec_name, prompt, params[i]), f"request {i}"
-    assert llm.engine.kv_blocks_used == 0  # everything finished: nothing held
+    assert llm.engine.stats().kv_blocks_used == 0  # everything finished: nothing held
 
 
 def test_running_requests_keep_producing_tokens_between_the_chunks_of_a_long_prompt(models):
@@ -163,10 +163,10 @@ def test_a_shared_prefix_is_prefilled_once_and_gives_the_cold_cache_tokens(model
     llm = make_llm(models, spec_name)
     engine = llm.engine
     run(engine, [(0, first, greedy(6))])
-    computed, hits = engine.prompt_tokens_computed, engine.prefix_cache_hit_tokens
+    computed, hits = engine.stats().prompt_tokens_computed, engine.stats().prefix_cache_hit_tokens
     warm = run(engine, [(0, second, greedy(12))])[0]
-    assert engine.prefix_cache_hit_tokens - hits == 96  # six full blocks of 16
-    assert engine.prompt_tokens_computed - computed == len(second) - 96
+    assert engine.stats().prefix_cache_hit_tokens - hits == 96  # six full blocks of 16
+    assert engine.stats().prompt_tokens_computed - computed == len(second) - 96
     if spec_name == "draft":
         assert engine.spec.model.prefix_hit_tokens >= 96
     assert warm == alone(models, spec_name, second, greedy(12))
@@ -178,10 +178,10 @@ def test_with_prefix_caching_off_a_repeated_prompt_is_prefilled_again(models, sp
     llm = make_llm(models, spec_name, enable_prefix_caching=False)
     engine = llm.engine
     first = run(engine, [(0, prompt, greedy(6))])[0]
-    computed = engine.prompt_tokens_computed
+    computed = engine.stats().prompt_tokens_computed
     again = run(engine, [(0, prompt, greedy(6))])[0]
-    assert engine.prefix_cache_hit_tokens == 0
-    assert engine.prompt_tokens_computed - computed == len(prompt)
+    assert engine.stats().prefix_cache_hit_tokens == 0
+    assert engine.stats().prompt_tokens_computed - computed == len(prompt)
     if spec_name == "draft":
         assert engine.spec.model.prefix_hit_tokens == 0
     assert again == first
@@ -194,17 +194,17 @@ def test_after_reset_prefix_cache_a_repeated_prompt_is_prefilled_again(models, s
     engine = llm.engine
     first = run(engine, [(0, prompt, greedy(6))])[0]
     assert llm.reset_prefix_cache() > 0
-    computed, hits = engine.prompt_tokens_computed, engine.prefix_cache_hit_tokens
+    computed, hits = engine.stats().prompt_tokens_computed, engine.stats().prefix_cache_hit_tokens
     draft_hits = engine.spec.model.prefix_hit_tokens if spec_name == "draft" else 0
     again = run(engine, [(0, prompt, greedy(6))])[0]
-    assert engine.prefix_cache_hit_tokens == hits
-    assert engine.prompt_tokens_computed - computed == len(prompt)
+    assert engine.stats().prefix_cache_hit_tokens == hits
+    assert engine.stats().prompt_tokens_computed - computed == len(prompt)
     if spec_name == "draft":
         assert engine.spec.model.prefix_hit_tokens == draft_hits
     assert again == first
     # the cache fills again: a third run is served from it
     run(engine, [(0, prompt, greedy(6))])
-    assert engine.prefix_cache_hit_tokens - hits == 96
+    assert engine.stats().prefix_cache_hit_tokens - hits == 96
 
 
 def test_disable_by_batch_size_pauses_drafting_at_that_many_running_and_resumes_below(models):

@@ -101,7 +101,7 @@ def test_held_sequences_are_preempted_first_when_blocks_run_out(model):
     per_token = model.model.kv_bytes_per_token(model.model.kv_cache_dtype())
     engine = LLM(model, max_num_seqs=4, max_model_len=64,
                  kv_cache_memory=12 * 16 * per_token).engine
-    assert engine.kv_blocks_total == 12
+    assert engine.stats().kv_blocks_total == 12
     d = Driver(engine)
     rids = [d.add(PROMPTS[i], 50) for i in range(4)]
     d.step()

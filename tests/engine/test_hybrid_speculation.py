@@ -106,10 +106,10 @@ def test_preempted_sequences_recompute_their_state_and_finish_exactly(qwen35):
     llm = LLM(target, draft=close, speculative_config=tiny.draft_spec(3), max_model_len=48,
               kv_cache_memory=6 * 16 * per_token)
     outs = llm.generate(prompts, [tiny.greedy(24)] * len(prompts))
-    assert llm.engine.preemptions > 0
+    assert llm.engine.stats().preemptions > 0
     assert [o.outputs[0].token_ids for o in outs] == alone
     assert states_held(llm) == 0
-    assert llm.engine.kv_blocks_used == 0
+    assert llm.engine.stats().kv_blocks_used == 0
 
 
 def test_every_draft_is_the_draft_models_fresh_greedy_continuation_after_rollbacks(

@@ -195,7 +195,7 @@ def test_n_completions_stream_under_their_index():
 
 def memory_in_use(engine: LLMEngine) -> int:
     """Target KV blocks held by sequences."""
-    return engine.kv_blocks_used
+    return engine.stats().kv_blocks_used
 
 
 def test_abort_from_another_thread_frees_memory_and_the_others_finish():

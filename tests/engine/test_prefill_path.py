@@ -87,7 +87,7 @@ def test_preempted_requests_complete_exactly_on_the_onednn_path(int4_pair):
     llm = make_llm(int4_pair, "plain", "onednn", kv_cache_memory=20 * 16 * per_token)
     params = [scored(30 + i % 7) for i in range(12)]
     batched = generated(llm, prompts(12), params)
-    assert llm.engine.preemptions > 0
+    assert llm.engine.stats().preemptions > 0
     one = make_llm(int4_pair, "plain", "onednn")
     for i, prompt in enumerate(prompts(12)):
         assert batched[i] == generated(one, [prompt], [params[i]])[0], i
@@ -98,9 +98,9 @@ def test_a_prefix_cache_hit_gives_the_cold_prefill_bits_on_the_onednn_path(int4_
     first, second = shared + [7, 8, 9], shared[:96] + [21, 22, 23, 24, 25]
     llm = make_llm(int4_pair, "plain", "onednn")
     generated(llm, [first], [scored(6)])
-    hits = llm.engine.prefix_cache_hit_tokens
+    hits = llm.engine.stats().prefix_cache_hit_tokens
     warm = generated(llm, [second], [scored(12)])
-    assert llm.engine.prefix_cache_hit_tokens - hits == 96
+    assert llm.engine.stats().prefix_cache_hit_tokens - hits == 96
     assert warm == generated(make_llm(int4_pair, "plain", "onednn"), [second], [scored(12)])
 
 

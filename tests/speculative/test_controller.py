@@ -9,11 +9,11 @@ import pytest
 from specserve.engine.outputs import SpeculationOverride
 from specserve.speculative.candidate import Candidate
 from specserve.speculative.config import SpeculativeConfig
-from specserve.speculative.controller import (BACKOFF_AFTER, LOOKUP, MAX_BACKOFF, MODEL,
-                                             PROBE_DOWN_EVERY, PROBE_EVERY, SEEN_LATELY,
-                                             SLOWDOWN_CAP, SpeculationController)
+from specserve.speculative.budget import (LOOKUP, MODEL, PROBE_DOWN_EVERY, PROBE_EVERY,
+                                         SEEN_LATELY, SLOWDOWN_CAP)
+from specserve.speculative.controller import BACKOFF_AFTER, MAX_BACKOFF, SpeculationController
 from specserve.speculative.cost_model import CostModel
-from specserve.speculative.drafter import Proposal
+from specserve.speculative.drafter import Drafter, Proposal
 from specserve.speculative.metrics import SpecMetrics
 from tests.speculative.unpruned import Unpruned
 
@@ -34,8 +34,10 @@ class Seq:
         return self.left
 
 
-class Lookup:
+class Lookup(Drafter):
     """A lookup source with a scripted candidate per sequence id."""
+
+    name = "suffix"
 
     def __init__(self, candidates: dict[int, Candidate]) -> None:
         self.candidates = candidates
@@ -48,8 +50,10 @@ class Lookup:
         pass
 
 
-class Model:
+class Model(Drafter):
     """A draft model that is always ready and drafts token 7."""
+
+    name, in_step = "draft_model", True
 
     def __init__(self) -> None:
         self.asked: list[list[int]] = []
@@ -66,7 +70,7 @@ class Model:
     def start(self, seq) -> None:
         pass
 
-    def finish(self, seq) -> None:
+    def finish(self, seq, keep: bool = True) -> None:
         pass
 
     def commit(self, seq, num_accepted: int, old_len: int) -> None:
@@ -116,7 +120,7 @@ def controller(verify, candidates, model=None, **config) -> SpeculationControlle
     spec = SpeculativeConfig(method="hybrid" if model else "suffix",
                              model="draft" if model else None,
                              num_speculative_tokens=config.pop("k", -1), **config)
-    return SpeculationController(spec, cost(verify), Lookup(candidates), model)
+    return SpeculationController(spec, cost(verify), [Lookup(candidates)] + ([model] if model else []))
 
 
 def plan(ctrl: SpeculationController, seqs: list[Seq], overrides=None) -> list[int]:
@@ -194,7 +198,7 @@ def test_the_drafts_of_some_slow_a_sequence_that_drafts_nothing_by_at_most_the_c
     ks = plan(ctrl, [Seq(i) for i in range(4)])
     assert min(ks) > 3
     # without the cap the same step drafts more of the trusted match (by tokens per second)
-    import specserve.speculative.controller as module
+    import specserve.speculative.budget as module
     monkeypatch.setattr(module, "SLOWDOWN_CAP", 100.0)
     uncapped = plan(controller(MODERATE, {1: long_match()}), [Seq(i) for i in range(4)])
     assert uncapped[0] == uncapped[2] == uncapped[3] == 0 and uncapped[1] > 3
@@ -325,7 +329,7 @@ def test_a_batched_sequence_whose_lookups_never_pay_looks_less_often_until_one_d
     assert reasons[:BACKOFF_AFTER] == ["did_not_pay"] * BACKOFF_AFTER
     assert reasons.count("backed_off") >= 12 and "backed_off" in reasons[-4:]
     assert seqs[0].metrics.idle["backed_off"] == reasons.count("backed_off")
-    # the drafting one never idles, but for a plain probe now and then (ctrl.probes_down)
+    # the drafting one never idles, but for a plain probe now and then (ctrl.budget.probes_down)
     assert ctrl.state(seqs[1]).idle == 0 and set(seqs[1].metrics.idle) <= {"probe"}
     ctrl.lookup.candidates[0] = long_match(4)  # its text starts repeating
     for _ in range(MAX_BACKOFF + 1):
@@ -403,7 +407,7 @@ def test_probes_correct_a_calibration_that_priced_every_draft_out(batch):
 
     def engine(calibration):
         spec = SpeculativeConfig(method="suffix", num_speculative_tokens=-1)
-        ctrl = SpeculationController(spec, cost(calibration), Lookup(match))
+        ctrl = SpeculationController(spec, cost(calibration), [Lookup(match)])
         for seq in seqs:
             ctrl.join([seq])
         return ctrl
@@ -419,7 +423,7 @@ def test_probes_correct_a_calibration_that_priced_every_draft_out(batch):
         assert ctrl.cost.pass_time(rows) == pytest.approx(truth[rows - 1], rel=0.2)
     # without probes the same engine never drafts
     never = engine(disturbed)
-    never.probe_every = 1 << 30
+    never.budget.probe_every = 1 << 30
     assert sum(map(sum, serve(never, seqs, truth, 10 * PROBE_EVERY))) == 0
 
 
@@ -430,7 +434,7 @@ def test_a_probe_costs_one_row_in_probe_every_steps_where_the_price_was_right():
     seq = Seq(0)
     ctrl.join([seq])
     history = serve(ctrl, [seq], COMPUTE_BOUND, 10 * PROBE_EVERY)
-    assert sum(ks[0] for ks in history) == 10 == ctrl.probes
+    assert sum(ks[0] for ks in history) == 10 == ctrl.budget.probes
     assert ctrl.cost.pass_time(2) == pytest.approx(COMPUTE_BOUND[1], rel=0.02)
     # a step whose budget leaves nothing out (no match, or a fixed k) is never probed
     none = controller(COMPUTE_BOUND, {})
@@ -438,7 +442,7 @@ def test_a_probe_costs_one_row_in_probe_every_steps_where_the_price_was_right():
     for ctrl in (none, fixed):
         ctrl.join([seq])
         serve(ctrl, [seq], COMPUTE_BOUND, 2 * PROBE_EVERY)
-        assert ctrl.probes == 0
+        assert ctrl.budget.probes == 0
 
 
 def test_every_idle_reason_has_words_on_the_page_and_in_the_demo():
@@ -461,7 +465,7 @@ def test_every_idle_reason_has_words_on_the_page_and_in_the_demo():
 def test_the_budgets_early_stop_chooses_what_trying_every_prefix_chooses():
     import random
 
-    from specserve.speculative.controller import Offer
+    from specserve.speculative.budget import Offer
 
     rng = random.Random(1)
     stopped = drafted = 0
@@ -481,14 +485,14 @@ def test_the_budgets_early_stop_chooses_what_trying_every_prefix_chooses():
         ctrl = controller(MODERATE, {})
         full = controller(MODERATE, {})
         ctrl.cost, full.cost = model, Unpruned(model)
-        ctrl.probe_every = full.probe_every = 10 ** 9
-        ctrl.probe_down_every = full.probe_down_every = 10 ** 9
+        ctrl.budget.probe_every = full.budget.probe_every = 10 ** 9
+        ctrl.budget.probe_down_every = full.budget.probe_down_every = 10 ** 9
         model.set_step(len(offers))
         asked = []
-        step_seconds = ctrl._step_seconds
-        ctrl._step_seconds = lambda *a: asked.append(1) or step_seconds(*a)
-        chosen = ctrl._within_budget(offers, len(offers))
-        assert chosen == full._within_budget(offers, len(offers)), trial
+        step_seconds = ctrl.budget._step_seconds
+        ctrl.budget._step_seconds = lambda *a: asked.append(1) or step_seconds(*a)
+        chosen = ctrl.budget.choose(offers, len(offers), ctrl.cost)
+        assert chosen == full.budget.choose(offers, len(offers), full.cost), trial
         drafted += sum(chosen) > sum(len(o.survival) for o in offers if o.forced)
         slots = sum(len(o.survival) for o in offers if not o.forced)
         stopped += len(asked) < slots + 1
@@ -510,14 +514,14 @@ def test_downward_probes_stop_drafts_a_calibration_made_look_cheap():
 
     def engine(calibration, down_every=PROBE_DOWN_EVERY):
         spec = SpeculativeConfig(method="suffix", num_speculative_tokens=-1)
-        ctrl = SpeculationController(spec, cost(calibration), Lookup(match))
-        ctrl.probe_down_every = down_every
+        ctrl = SpeculationController(spec, cost(calibration), [Lookup(match)])
+        ctrl.budget.probe_down_every = down_every
         for seq in seqs:
             ctrl.join([seq])
         return ctrl
 
     right = engine(truth)
-    assert sum(map(sum, serve(right, seqs, truth, 512))) == right.probes <= 512 // PROBE_EVERY
+    assert sum(map(sum, serve(right, seqs, truth, 512))) == right.budget.probes <= 512 // PROBE_EVERY
     never = engine(dear, down_every=1 << 30)  # without downward probes: at a loss for ever
     assert sum(map(sum, serve(never, seqs, truth, 512))) >= 500
     ctrl = engine(dear)
@@ -540,7 +544,7 @@ def test_a_downward_probe_waits_for_a_size_not_seen_lately():
     first = serve(ctrl, [seq], MEMORY_BOUND, int(SEEN_LATELY) * PROBE_DOWN_EVERY)
     assert [ks[0] for ks in first] == ([8] * (PROBE_DOWN_EVERY - 1) + [7]) * int(SEEN_LATELY)
     later = serve(ctrl, [seq], MEMORY_BOUND, 512)
-    assert 1 <= sum(8 - ks[0] for ks in later) == ctrl.probes_down - SEEN_LATELY <= 5
+    assert 1 <= sum(8 - ks[0] for ks in later) == ctrl.budget.probes_down - SEEN_LATELY <= 5
     assert ctrl.cost.pass_time(8) == pytest.approx(MEMORY_BOUND[7], rel=0.02)
     assert ctrl.cost.pass_time(9) == pytest.approx(MEMORY_BOUND[8], rel=0.02)
 
@@ -596,7 +600,7 @@ def test_in_a_batch_the_downward_probe_times_the_plain_pass_that_prices_every_dr
 
     def engine() -> SpeculationController:
         spec = SpeculativeConfig(method="suffix", num_speculative_tokens=-1)
-        ctrl = SpeculationController(spec, cost(dear), Lookup(match))
+        ctrl = SpeculationController(spec, cost(dear), [Lookup(match)])
         for seq in seqs:
             ctrl.join([seq])
         return ctrl
