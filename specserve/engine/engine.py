@@ -171,7 +171,10 @@ class LLMEngine:
         self._started = True
         if self._prepare_tokenizer:
             self.tokenizer.prepare()
-        prefill_choice.apply(self.runner, self.config)  # (timed where it is "auto")
+        # the target's prefill path, and the draft model's for its own prompt rows (timed where
+        # it is "auto"; a draft that is the target's model takes the target's choice)
+        for runner in [self.runner, *(self.spec.runners if self.spec is not None else ())]:
+            prefill_choice.apply(runner, self.config)
         if self.spec is not None:
             self.spec.startup()
 

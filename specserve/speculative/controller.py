@@ -136,6 +136,12 @@ class SpeculationController:
             drafter.clear()
 
     # ------------------------------------------------------------------ start-up, idle
+    @property
+    def runners(self) -> list:
+        """The drafters' own model runners (a draft model's), whose prompt rows take a prefill
+        path as the target's do."""
+        return [d.runner for d in self.drafters if d.runner is not None]
+
     def startup(self) -> None:
         """The drafters' start-up work (a draft's restricted head), then the cost model's
         timed passes (on the thread that steps the engine)."""

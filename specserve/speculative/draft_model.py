@@ -35,7 +35,8 @@ class PassRunner(Protocol):
     model: object  # has `cfg.vocab_size`
 
     def forward(self, rows: list[list[int]], starts: list[int], tables: list,
-                last_n: list[int] | None = None) -> list[torch.Tensor]: ...
+                last_n: list[int] | None = None, prefill: list[int] | None = None
+                ) -> list[torch.Tensor]: ...
 
 
 class DraftBlocks(Protocol):
@@ -223,9 +224,12 @@ class DraftModelDrafter(Drafter):
         starts = [st.num_cached for _, _, st, _ in active] + [st.num_cached for _, st, _ in chunks]
         tables = [st.table for _, _, st, _ in active] + [st.table for _, st, _ in chunks]
         last_n = [1] * len(active) + [0] * len(chunks)
+        # the rows that are prompt tokens (each row's first ones) take the prefill path
+        prompt = [_prompt_rows(seq, st, row) for seq, _, st, row in active] \
+            + [_prompt_rows(seq, st, row) for seq, st, row in chunks]
         first = True
         while rows:
-            logits = self.runner.forward(rows, starts, tables, last_n)
+            logits = self.runner.forward(rows, starts, tables, last_n, prompt)
             if first:
                 for seq, st, row in chunks:
                     st.seen += len(row)
@@ -243,6 +247,7 @@ class DraftModelDrafter(Drafter):
             starts = [st.num_cached for _, _, st, _ in active]
             tables = [st.table for _, _, st, _ in active]
             last_n = [1] * len(active)
+            prompt = None  # drafted tokens only
         for seq in seqs:  # the grammar followed the drafts: back to the sequence
             st = self._seqs[seq.seq_id]
             if st.followed:
@@ -335,3 +340,8 @@ class DraftModelDrafter(Drafter):
             return logits[..., :self.target_vocab]
         pad = logits.new_full((*logits.shape[:-1], self.target_vocab - vocab), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
+
+
+def _prompt_rows(seq: DraftSequence, st: _DraftSeq, row: list[int]) -> int:
+    """How many of `row` (the tokens from `st.seen` on) are prompt tokens: they lead the row."""
+    return max(0, min(len(row), seq.prompt_len - st.seen))

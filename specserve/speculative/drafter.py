@@ -81,6 +81,7 @@ class Drafter:
     forced: bool = False  # its candidates are forced tokens (offered first)
     needs_mask: bool = False  # drafts only for a sequence with a grammar
     needs_hidden: bool = False  # reads the target's final hidden states (`observe`)
+    runner = None  # a model runner of its own (a draft model's): the engine sets its prefill path
 
     @classmethod
     def build(cls: type[D], config, ctx: BuildContext) -> D | None:

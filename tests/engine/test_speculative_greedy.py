@@ -3,7 +3,9 @@
 The int8_pair run on the native 8-bit kernels, whose matmuls give each row the same bits however
 many rows a pass has; with attention computed position by position, a verify pass reproduces
 plain decoding's logits exactly, so even the near-ties of a random tiny model cannot split the
-two. (Float32 GEMMs round differently for 1 and k + 1 rows.)"""
+two. (Float32 GEMMs round differently for 1 and k + 1 rows.) Prompt rows take the prefill path
+the engine chose for the model ("auto" times it: oneDNN on a machine where it is faster), the
+draft model's as the target's, so an identical draft holds the target's keys on either path."""
 
 from __future__ import annotations
 
@@ -29,12 +31,14 @@ spec = tiny.draft_spec
 greedy = tiny.greedy
 
 
-@pytest.mark.parametrize("k", [1, 3, 4])
-def test_identical_draft_accepts_everything_and_matches_target(int8_pair, k):
+@pytest.mark.parametrize("k,path", [(1, "auto"), (3, "auto"), (4, "auto"), (3, "onednn"),
+                                    (4, "native")])
+def test_identical_draft_accepts_everything_and_matches_target(int8_pair, k, path):
     target, _ = int8_pair
     n = 40
-    plain = LLM(target).generate(PROMPT, greedy(n))[0].outputs[0]
-    fast = LLM(target, draft=target, speculative_config=spec(k)).generate(PROMPT, greedy(n))[0].outputs[0]
+    plain = LLM(target, prefill_path=path).generate(PROMPT, greedy(n))[0].outputs[0]
+    fast = LLM(target, draft=target, speculative_config=spec(k),
+               prefill_path=path).generate(PROMPT, greedy(n))[0].outputs[0]
     assert fast.token_ids == plain.token_ids
     assert fast.spec.accepted == fast.spec.drafted
     # the prefill emits the first token; each round then emits k + 1

@@ -27,9 +27,9 @@ def record_passes(drafter) -> list[list[int]]:
     passes = []
     forward = drafter.runner.forward
 
-    def recording(rows, starts, tables, last_n=None):
+    def recording(rows, starts, tables, last_n=None, prefill=None):
         passes.append([len(r) for r in rows])
-        return forward(rows, starts, tables, last_n)
+        return forward(rows, starts, tables, last_n, prefill)
 
     drafter.runner.forward = recording
     return passes
