@@ -9,7 +9,7 @@
 # client from 127.0.0.2 every 10 s. Run on 2026-12-06 under `flock -s` (no exclusive window was
 # to be had), load 15-19 from other sessions: see soak-info.txt for how it ended.
 set -u
-HERE=/work/wt-hardening2
+HERE=${HERE:-/work/wt-hardening2}
 OUT=${OUT:-/tmp/h2/res}; mkdir -p $OUT
 PY=$HERE/.venv/bin/python
 info() { echo "$(date -u +%FT%TZ) $*" >> $OUT/soak-info.txt; }
@@ -22,7 +22,7 @@ for i in $(seq 1 900); do curl -sf http://127.0.0.1:18613/health > /dev/null && 
 info "server pid $SPID up after $i s"
 $PY -m specserve.bench.soak --url http://127.0.0.1:18613 --api-key k --pid $SPID --clients 16 \
   --duration 600 --max-tokens 64 --warmup 60 --flood 16 --flood-tokens 1500 --stall-s 40 \
-  --agents 2 --storm-repeats 250 --fresh-address 127.0.0.2 > $OUT/soak.json 2> $OUT/soak.err
+  --agents 2 --storm-repeats 250 --fresh-address 127.0.0.2 ${SOAK_EXTRA:-} > $OUT/soak.json 2> $OUT/soak.err
 info "soak done, load $(cat /proc/loadavg)"
 curl -s -H "Authorization: Bearer k" http://127.0.0.1:18613/metrics > $OUT/soak-metrics.txt
 kill -TERM $SPID; wait $SPID; info "server exit $?"
